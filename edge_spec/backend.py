@@ -1,0 +1,87 @@
+"""The one small protocol every runtime implements, and the Session that drives it.
+
+A Backend runs the target graph over T new tokens given runtime-built positions and masks, keeps
+the new K/V rows pending, and writes the ones the Session commits into its cache buffers.
+The Session owns all bookkeeping (KVState); backends hold buffers and nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from .kv import KVLayout, KVState
+
+
+class StepOutput(NamedTuple):
+    logits: np.ndarray  # [T, V] float32 (T = 1 when the caller asked for the last position only)
+    hidden: np.ndarray  # [T, H] float32, final hidden states (after the final norm)
+
+
+class Backend(Protocol):
+    layout: KVLayout
+    name: str
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
+                n_cached: int, last_only: bool) -> StepOutput:
+        """input_ids, position_ids: [1, T]; masks: kind -> [1, 1, T, S_kind + T].
+
+        `n_cached` = committed positions: full-attention slots >= n_cached are empty, so a backend
+        may skip them. New K/V rows stay pending until `commit`.
+        """
+
+    def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Write pending new rows into cache slots: kind -> (row indices, slot indices)."""
+
+    def reset(self) -> None:
+        """Drop pending rows (buffers need no clearing: masks hide stale slots)."""
+
+
+class Session:
+    """KV state + a backend: prefill, step, commit, rewind. Positions are absolute and runtime-owned."""
+
+    def __init__(self, backend: Backend, prefill_chunk: int = 128):
+        self.backend = backend
+        self.state = KVState(backend.layout)
+        self.prefill_chunk = prefill_chunk
+
+    @property
+    def length(self) -> int:
+        return self.state.length
+
+    @property
+    def max_context(self) -> int:
+        return self.state.layout.max_context
+
+    def forward(self, tokens: list[int], *, last_only: bool = False) -> StepOutput:
+        """Run T tokens at positions [length, length + T) without committing them."""
+        n = len(tokens)
+        masks = self.state.masks(n)
+        ids = np.asarray(tokens, dtype=np.int64)[None]  # [1, T]
+        return self.backend.forward(ids, self.state.position_ids(n), masks, self.state.length, last_only)
+
+    def commit(self, n: int) -> None:
+        """Keep the first `n` rows of the last forward in the cache."""
+        plan = self.state.plan_commit(n)
+        self.backend.commit(plan)
+        self.state.advance(n, plan)
+
+    def prefill(self, tokens: list[int]) -> StepOutput:
+        """Commit all `tokens` in chunks; returns the output of the last position ([1, V], [1, H])."""
+        self.state.check_fits(len(tokens))
+        out = None
+        for start in range(0, len(tokens), self.prefill_chunk):
+            chunk = tokens[start:start + self.prefill_chunk]
+            out = self.forward(chunk, last_only=True)
+            self.commit(len(chunk))
+        assert out is not None, "prefill needs at least one token"
+        return out
+
+    def rewind(self, pos: int) -> None:
+        self.state.rewind(pos)
+        self.backend.reset()
+
+    def reset(self) -> None:
+        self.state.reset()
+        self.backend.reset()

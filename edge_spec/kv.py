@@ -1,0 +1,198 @@
+"""The KV-cache contract: one source of truth for cache layout, IO names, masks and slot bookkeeping.
+
+Logical model (shared by every runtime and every exported format):
+  * cached layer `l` has `k_cache.{l}` / `v_cache.{l}`: [1, H_kv, S_l, D_l] (batch 1).
+    `S_l` is the max context for full-attention layers and a ring for sliding-window layers.
+  * positions are absolute; the runtime (this module) owns the position counter, slot positions,
+    masks and commit/rewind. Graphs keep no hidden counters.
+  * invariant: the cache holds every token except the last emitted one; after a verify that
+    accepted `n` drafts the runtime commits `n + 1` rows.
+  * binding `io`: caches are graph inputs, the graph returns only the new rows [1, H_kv, T, D];
+    the runtime writes the committed rows (write-after-verify), so a ring of W slots suffices.
+  * a sliding key at position p is visible to a query at position q iff 0 <= q - p < window.
+  * rewinding across an eviction raises `KVStateError` instead of returning wrong logits.
+
+The graph sees, per attention kind, keys = cat(cache slots [S], new rows [T]) and an additive
+mask [1, 1, T, S + T] built here from the slot positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ContextOverflowError, KVStateError
+
+FULL = "full"
+SLIDING = "sliding"
+NEG_INF = np.float32(-1e30)  # finite: a fully masked row can never turn into NaN
+
+
+# ---- IO names: the only place they are spelled ---------------------------------------------
+INPUT_IDS = "input_ids"  # [1, T] int64
+POSITION_IDS = "position_ids"  # [1, T] int64
+LOGITS = "logits"  # [1, T, V] float32
+HIDDEN = "hidden"  # [1, T, H] float32 (final hidden state, after the final norm)
+
+
+def mask_name(kind: str) -> str:  # [1, 1, T, S_kind + T] float32 additive
+    return f"mask.{kind}"
+
+
+def k_cache_name(layer: int) -> str:
+    return f"k_cache.{layer}"
+
+
+def v_cache_name(layer: int) -> str:
+    return f"v_cache.{layer}"
+
+
+def k_new_name(layer: int) -> str:
+    return f"k_new.{layer}"
+
+
+def v_new_name(layer: int) -> str:
+    return f"v_new.{layer}"
+
+
+# ---- layout ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CacheSpec:
+    """One cached target layer."""
+
+    layer: int
+    kind: str  # FULL | SLIDING
+    num_kv_heads: int
+    head_dim: int
+    slots: int  # S_l
+    window: int | None  # None for full attention
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (1, self.num_kv_heads, self.slots, self.head_dim)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    caches: tuple[CacheSpec, ...]
+    max_context: int
+
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(sorted({c.kind for c in self.caches}))
+
+    def slots(self, kind: str) -> int:
+        return next(c.slots for c in self.caches if c.kind == kind)
+
+    def window(self, kind: str) -> int | None:
+        return next(c.window for c in self.caches if c.kind == kind)
+
+    def to_json(self) -> dict:
+        return {"max_context": self.max_context,
+                "caches": [c.__dict__ | {"shape": list(c.shape)} for c in self.caches]}
+
+
+def ring_slots(window: int, max_context: int) -> int:
+    """Slots for a sliding layer under `io` binding: the window itself, never more than the context."""
+    return min(window, max_context)
+
+
+# ---- pure functions ----------------------------------------------------------------------------
+def attention_mask(slot_pos: np.ndarray, query_pos: np.ndarray, window: int | None) -> np.ndarray:
+    """slot_pos: [S] absolute position held by each slot (-1 = empty); query_pos: [T] consecutive.
+
+    Returns the additive mask [T, S + T]: columns [0, S) are cache slots, [S, S + T) the new rows.
+    """
+    q = query_pos[:, None]  # [T, 1]
+    dist_cache = q - slot_pos[None, :]  # [T, S]
+    visible_cache = (slot_pos[None, :] >= 0) & (dist_cache >= 0)
+    dist_new = q - query_pos[None, :]  # [T, T]
+    visible_new = dist_new >= 0
+    if window is not None:
+        visible_cache &= dist_cache < window
+        visible_new &= dist_new < window
+    visible = np.concatenate([visible_cache, visible_new], axis=1)
+    return np.where(visible, np.float32(0.0), NEG_INF).astype(np.float32)
+
+
+def commit_slots(start: int, n: int, slots: int, ring: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Which of the new rows [0, n) land in which slots when committing positions start..start+n-1.
+
+    Full layers: slot == position. Rings: slot == position % slots, and only the last `slots` rows
+    are written (earlier ones would be overwritten in the same commit). Returns (rows, slot_ids).
+    """
+    rows = np.arange(n, dtype=np.int64)
+    if ring and n > slots:
+        rows = rows[n - slots:]
+    pos = start + rows
+    return rows, (pos % slots if ring else pos)
+
+
+# ---- state -------------------------------------------------------------------------------------
+class KVState:
+    """Bookkeeping of what the caches hold (the buffers themselves belong to the backend).
+
+    `length` = number of committed positions = the absolute position of the next token to commit.
+    """
+
+    def __init__(self, layout: KVLayout):
+        self.layout = layout
+        self.length = 0
+        self.slot_pos = {kind: np.full(layout.slots(kind), -1, dtype=np.int64) for kind in layout.kinds()}
+        # kind -> every position in [retained_from, length) is still held by that kind's slots
+        self.retained_from = {kind: 0 for kind in layout.kinds()}
+
+    def check_fits(self, n_new: int) -> None:
+        if self.length + n_new > self.layout.max_context:
+            raise ContextOverflowError(
+                f"context overflow: {self.length} cached + {n_new} new tokens > max context "
+                f"{self.layout.max_context}",
+                "shorten the prompt, lower max_new_tokens, or load with a larger max_context")
+
+    def masks(self, n_new: int) -> dict[str, np.ndarray]:
+        """Masks for the next forward over `n_new` tokens: kind -> [1, 1, T, S_kind + T]."""
+        self.check_fits(n_new)
+        query = np.arange(self.length, self.length + n_new, dtype=np.int64)
+        return {kind: attention_mask(self.slot_pos[kind], query, self.layout.window(kind))[None, None]
+                for kind in self.layout.kinds()}
+
+    def position_ids(self, n_new: int) -> np.ndarray:  # [1, T]
+        return np.arange(self.length, self.length + n_new, dtype=np.int64)[None]
+
+    def plan_commit(self, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """kind -> (rows, slots) to write for committing the first `n` new rows. Does not mutate."""
+        self.check_fits(n)
+        return {kind: commit_slots(self.length, n, self.layout.slots(kind), self.layout.window(kind) is not None)
+                for kind in self.layout.kinds()}
+
+    def advance(self, n: int, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        for kind, (rows, slots) in plan.items():
+            self.slot_pos[kind][slots] = self.length + rows
+        self.length += n
+        for kind in self.retained_from:
+            self.retained_from[kind] = max(self.retained_from[kind], self.length - self.layout.slots(kind))
+
+    def rewind(self, pos: int) -> None:
+        """Forget positions >= pos. Raises if a sliding ring already evicted a key `pos` still needs."""
+        if not 0 <= pos <= self.length:
+            raise KVStateError(f"cannot rewind to position {pos}: the cache holds positions [0, {self.length})",
+                               "rewind to a position between 0 and the current length")
+        for kind in self.layout.kinds():
+            window = self.layout.window(kind)
+            if window is None:
+                continue
+            needed_from = max(0, pos - window + 1)  # the next query (at `pos`) sees (pos - window, pos)
+            if needed_from < self.retained_from[kind]:
+                raise KVStateError(
+                    f"cannot rewind to position {pos}: the {kind} ring ({self.layout.slots(kind)} slots) "
+                    f"already evicted position {needed_from}, which a query at {pos} must see",
+                    "re-prefill the prompt from scratch (session.reset()) instead of rewinding this far")
+        for kind, sp in self.slot_pos.items():
+            sp[sp >= pos] = -1
+        self.length = pos
+
+    def reset(self) -> None:
+        self.length = 0
+        for kind, sp in self.slot_pos.items():
+            sp[:] = -1
+            self.retained_from[kind] = 0

@@ -1,0 +1,279 @@
+"""The target model: one export-friendly nn.Module for the llama and gemma4 families.
+
+Stateless per the KV contract (edge_spec/kv.py): the caller passes the caches and per-kind masks,
+the forward returns logits, final hidden states and the *new* K/V rows of every cached layer.
+Parameter names mirror Hugging Face's, so checkpoints load with a plain `load_state_dict`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import GEMMA4, REUSE, STORE, ModelConfig
+
+
+class ModelOutput(NamedTuple):
+    logits: torch.Tensor  # [1, T, V] (T = 1 when last_only)
+    hidden: torch.Tensor  # [1, T, H] final hidden states after the final norm (same T as logits)
+    new_k: list[torch.Tensor]  # per cached layer, in cfg.cached_layers() order: [1, H_kv, T, D]
+    new_v: list[torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * weight, in fp32 (llama and gemma4 agree: no `1 + w` here)."""
+
+    def __init__(self, dim: int, eps: float, with_scale: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            y = y * self.weight.float()
+        return y.type_as(x)
+
+
+def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """position_ids: [1, T]; inv_freq: [D/2] -> cos, sin: [1, T, 1, D] (broadcast over heads)."""
+    freqs = position_ids[..., None].float() * inv_freq  # [1, T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [1, T, H, D], rotate-half convention (Hugging Face layout)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [1, H, T, D]; k, v: [1, H_kv, S, D]; mask: [1, 1, T, S] additive -> [1, T, H * D].
+
+    Grouped-query attention without copying K/V: query heads are folded to [1, H_kv, G, T, D].
+    """
+    _, h, t, d = q.shape
+    h_kv = k.shape[1]
+    qg = q.reshape(1, h_kv, h // h_kv, t, d)
+    scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # [1, H_kv, G, T, S]
+    probs = torch.softmax(scores.float() + mask.unsqueeze(1), dim=-1).type_as(q)
+    out = torch.matmul(probs, v.unsqueeze(2))  # [1, H_kv, G, T, D]
+    return out.reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.kind = cfg.layer_kinds[layer]
+        self.head_dim = d = cfg.head_dims[layer]
+        self.scale = cfg.attention_scale if cfg.attention_scale is not None else d ** -0.5
+        self.reuses_kv = cfg.kv_sharing[layer] == REUSE
+        self.stores_kv = cfg.kv_sharing[layer] == STORE
+        self.gemma = cfg.family == GEMMA4
+        kv_out = cfg.kv_heads[layer] * d
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.attention_bias)
+        if self.gemma:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        if not self.reuses_kv:
+            self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.attention_bias)
+            k_eq_v = cfg.attention_k_eq_v and self.kind != "sliding"
+            self.v_proj = None if k_eq_v else nn.Linear(cfg.hidden_size, kv_out, bias=cfg.attention_bias)
+            if self.gemma:
+                self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+                self.v_norm = RMSNorm(d, cfg.rms_norm_eps, with_scale=False)
+
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, shared: dict):
+        """x: [1, T, H]; k_cache/v_cache: [1, H_kv, S, D] or None for a KV-reusing layer.
+
+        Returns (out [1, T, H], new rows (k, v) [1, H_kv, T, D] or None).
+        """
+        t = x.shape[1]
+        q = self.q_proj(x).view(1, t, -1, self.head_dim)
+        if self.gemma:
+            q = self.q_norm(q)
+        q = apply_rope(q, cos, sin).transpose(1, 2)  # [1, H, T, D]
+        new = None
+        if self.reuses_kv:
+            k_all, v_all = shared[self.kind]
+        else:
+            k = self.k_proj(x).view(1, t, -1, self.head_dim)
+            v = self.v_proj(x).view(1, t, -1, self.head_dim) if self.v_proj is not None else k
+            if self.gemma:
+                k, v = self.k_norm(k), self.v_norm(v)
+            k = apply_rope(k, cos, sin).transpose(1, 2)  # [1, H_kv, T, D]
+            v = v.transpose(1, 2)
+            new = (k, v)
+            k_all = torch.cat([k_cache, k], dim=2)  # [1, H_kv, S + T, D]
+            v_all = torch.cat([v_cache, v], dim=2)
+            if self.stores_kv:
+                shared[self.kind] = (k_all, v_all)
+        return self.o_proj(attend(q, k_all, v_all, mask, self.scale)), new
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int, act: str, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+        self.act = act
+
+    def forward(self, x):
+        g = self.gate_proj(x)
+        g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
+        return self.down_proj(g * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Gemma-4 MoE router: top-k experts per token, weights renormalised then scaled per expert."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, with_scale=False)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.scale = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.per_expert_scale = nn.Parameter(torch.ones(cfg.num_experts))
+        self.top_k = cfg.top_k_experts
+        self.root = cfg.hidden_size ** -0.5
+
+    def forward(self, x):  # x: [N, H] -> dense expert weights [N, E] (zero outside the top-k)
+        probs = torch.softmax(self.proj(self.norm(x) * self.scale * self.root).float(), dim=-1)
+        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+        top_w = top_w / top_w.sum(-1, keepdim=True) * self.per_expert_scale[top_i]
+        return torch.zeros_like(probs).scatter(-1, top_i, top_w)
+
+
+class Experts(nn.Module):
+    """All experts evaluated densely and mixed by the router's (mostly zero) weights: static shapes."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        e, h, m = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * m, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, m))
+
+    def forward(self, x, weights):  # x: [N, H], weights: [N, E] -> [N, H]
+        gate, up = torch.einsum("nh,emh->enm", x, self.gate_up_proj).chunk(2, dim=-1)
+        y = torch.einsum("enm,ehm->enh", F.gelu(gate, approximate="tanh") * up, self.down_proj)
+        return torch.einsum("enh,ne->nh", y, weights.to(y.dtype))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.gemma = cfg.family == GEMMA4
+        eps = cfg.rms_norm_eps
+        self.self_attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_sizes[layer], cfg.hidden_act, cfg.mlp_bias)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
+        if not self.gemma:
+            return
+        # Gemma-4 "sandwich" norms, optional MoE branch, per-layer input, per-layer output scalar
+        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.register_buffer("layer_scalar", torch.ones(1))
+        self.moe = cfg.num_experts > 0
+        if self.moe:
+            self.router = Router(cfg)
+            self.experts = Experts(cfg)
+            self.post_feedforward_layernorm_1 = RMSNorm(cfg.hidden_size, eps)
+            self.post_feedforward_layernorm_2 = RMSNorm(cfg.hidden_size, eps)
+            self.pre_feedforward_layernorm_2 = RMSNorm(cfg.hidden_size, eps)
+        self.ple = cfg.per_layer_input_size > 0
+        if self.ple:
+            self.per_layer_input_gate = nn.Linear(cfg.hidden_size, cfg.per_layer_input_size, bias=False)
+            self.per_layer_projection = nn.Linear(cfg.per_layer_input_size, cfg.hidden_size, bias=False)
+            self.post_per_layer_input_norm = RMSNorm(cfg.hidden_size, eps)
+
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, shared, per_layer_input):
+        attn, new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, shared)
+        if not self.gemma:
+            x = x + attn
+            return x + self.mlp(self.post_attention_layernorm(x)), new
+        x = x + self.post_attention_layernorm(attn)
+        y = self.mlp(self.pre_feedforward_layernorm(x))
+        if self.moe:
+            flat = x.reshape(-1, x.shape[-1])  # the router reads the pre-MLP residual stream
+            experts = self.experts(self.pre_feedforward_layernorm_2(flat), self.router(flat)).reshape(x.shape)
+            y = self.post_feedforward_layernorm_1(y) + self.post_feedforward_layernorm_2(experts)
+        x = x + self.post_feedforward_layernorm(y)
+        if self.ple:
+            g = F.gelu(self.per_layer_input_gate(x), approximate="tanh") * per_layer_input
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
+        return x * self.layer_scalar, new
+
+
+class Backbone(nn.Module):
+    """Named `model` inside Transformer so parameter names match Hugging Face checkpoints."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.per_layer_input_size:
+            n, p = cfg.num_layers, cfg.per_layer_input_size
+            self.embed_tokens_per_layer = nn.Embedding(cfg.per_layer_vocab_size, n * p)
+            self.per_layer_model_projection = nn.Linear(cfg.hidden_size, n * p, bias=False)
+            self.per_layer_projection_norm = RMSNorm(p, cfg.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.cached_layers = cfg.cached_layers()
+        for kind, spec in cfg.rope.items():
+            self.register_buffer(f"inv_freq_{kind}", torch.from_numpy(spec.inv_freq()), persistent=False)
+        self.embed_scale = cfg.hidden_size ** 0.5 if cfg.family == GEMMA4 else 1.0
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids: [1, T] -> the scaled input embeddings [1, T, H] (what the drafter also reads)."""
+        return self.model.embed_tokens(input_ids) * self.embed_scale
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Gemma-4 per-layer inputs: [1, T, L, P] = (context projection + token table) / sqrt(2)."""
+        n, p = self.cfg.num_layers, self.cfg.per_layer_input_size
+        table = self.model.embed_tokens_per_layer(input_ids) * p ** 0.5
+        proj = self.model.per_layer_model_projection(x) * self.cfg.hidden_size ** -0.5
+        proj = self.model.per_layer_projection_norm(proj.reshape(*x.shape[:-1], n, p))
+        return (proj + table.reshape(*x.shape[:-1], n, p)) * 2 ** -0.5
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict[str, torch.Tensor],
+                k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], last_only: bool = False) -> ModelOutput:
+        """input_ids, position_ids: [1, T]; masks: kind -> [1, 1, T, S_kind + T];
+        k_caches[i], v_caches[i]: [1, H_kv, S, D] for cached layer i (cfg.cached_layers() order)."""
+        x = self.embed(input_ids)  # [1, T, H]
+        ple = self.per_layer_inputs(input_ids, x) if self.cfg.per_layer_input_size else None
+        rope = {kind: rope_cos_sin(position_ids, getattr(self, f"inv_freq_{kind}")) for kind in self.cfg.rope}
+        cache_index = {layer: i for i, layer in enumerate(self.cached_layers)}
+        shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        new_k, new_v = [], []
+        for layer, block in enumerate(self.model.layers):
+            kind = self.cfg.layer_kinds[layer]
+            i = cache_index.get(layer)
+            x, new = block(x, *rope[kind], masks[kind], k_caches[i] if i is not None else None,
+                           v_caches[i] if i is not None else None, shared,
+                           ple[:, :, layer] if ple is not None else None)
+            if new is not None:
+                new_k.append(new[0])
+                new_v.append(new[1])
+        if last_only:
+            x = x[:, -1:]
+        hidden = self.model.norm(x)
+        logits = self.lm_head(hidden)
+        cap = self.cfg.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return ModelOutput(logits, hidden, new_k, new_v)

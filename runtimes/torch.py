@@ -1,0 +1,61 @@
+"""Eager PyTorch backend: the numerical reference every other runtime is tested against.
+
+K/V buffers are preallocated once per cached layer ([1, H_kv, S, D]); new rows stay pending after a
+forward and are copied into their slots on commit. Full-attention layers only ever see the first
+`n_cached` slots (the rest are empty), so decode cost grows with the context actually used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from edge_spec.backend import StepOutput
+from edge_spec.kv import FULL, CacheSpec, KVLayout
+from edge_spec.model import Transformer
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, model: Transformer, layout: KVLayout, threads: int | None = None):
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = model
+        self.layout = layout
+        self.specs: list[CacheSpec] = list(layout.caches)
+        self.k = [torch.zeros(s.shape) for s in self.specs]  # [1, H_kv, S, D] each
+        self.v = [torch.zeros(s.shape) for s in self.specs]
+        self._pending: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def _visible_slots(self, spec: CacheSpec, n_cached: int) -> int:
+        return n_cached if spec.kind == FULL else spec.slots
+
+    @torch.no_grad()
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
+                n_cached: int, last_only: bool) -> StepOutput:
+        t = input_ids.shape[1]
+        torch_masks = {}
+        for kind, mask in masks.items():  # [1, 1, T, S + T]
+            s = self.layout.slots(kind)
+            keep = n_cached if kind == FULL else s
+            torch_masks[kind] = torch.from_numpy(np.concatenate([mask[..., :keep], mask[..., s:]], axis=-1))
+        ks = [k[:, :, :self._visible_slots(spec, n_cached)] for k, spec in zip(self.k, self.specs)]
+        vs = [v[:, :, :self._visible_slots(spec, n_cached)] for v, spec in zip(self.v, self.specs)]
+        out = self.model(torch.from_numpy(input_ids), torch.from_numpy(position_ids), torch_masks, ks, vs,
+                         last_only=last_only)
+        assert out.new_k[0].shape[2] == t
+        self._pending = (out.new_k, out.new_v)
+        return StepOutput(out.logits[0].float().numpy(), out.hidden[0].float().numpy())
+
+    def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        assert self._pending is not None, "commit without a forward"
+        new_k, new_v = self._pending
+        for i, spec in enumerate(self.specs):
+            rows, slots = (torch.from_numpy(a) for a in plan[spec.kind])
+            self.k[i][:, :, slots] = new_k[i][:, :, rows]
+            self.v[i][:, :, slots] = new_v[i][:, :, rows]
+        self._pending = None
+
+    def reset(self) -> None:
+        self._pending = None

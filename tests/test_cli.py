@@ -1,0 +1,122 @@
+"""The CLI: happy path and every bad input -> exit code 2, one clear message, no traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from edge_spec.cli import main
+
+
+@pytest.fixture()
+def folder(tiny_llama, tmp_path):
+    """A private copy of the tiny llama checkpoint that a test may damage."""
+    import shutil
+
+    src, _ = tiny_llama
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def run_cli(capsys, *args):
+    code = main(["generate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_happy_path_streams_and_prints_stats(folder, capsys):
+    code, out, err = run_cli(capsys, "--model", str(folder), "--prompt", "w5 w6 w7", "--max-new-tokens", "5")
+    assert code == 0
+    assert "prompt 3 tok" in err and "new 5 tok" in err and "tok/s" in err
+    assert out.strip()  # streamed text (word-level tokenizer: words separated by spaces)
+
+
+def test_sampled_generation_is_reproducible_with_seed(folder, capsys):
+    args = ("--model", str(folder), "--prompt", "w5 w6", "--max-new-tokens", "8", "--temperature", "1.0",
+            "--top-k", "50", "--top-p", "0.9", "--seed", "7", "--quiet")
+    first = run_cli(capsys, *args)[1]
+    second = run_cli(capsys, *args)[1]
+    assert first == second and first.strip()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--temperature", "-0.5"), "temperature must be"),
+    (("--top-p", "0"), "top_p must be in (0, 1]"),
+    (("--top-k", "-3"), "top_k must be"),
+    (("--max-new-tokens", "0"), "max_new_tokens must be"),
+    (("--max-context", "8", "--max-new-tokens", "7"), "context overflow"),
+])
+def test_bad_request_parameters(folder, capsys, args, message):
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "w5 w6", *args)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_unknown_model_name(capsys):
+    code, _, err = run_cli(capsys, "--model", "no-such-model", "--prompt", "hi")
+    assert code == 2 and "neither a built-in" in err and "smollm2-135m" in err
+
+
+def test_unknown_model_type(folder, capsys):
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "hi")
+    assert code == 2 and "unsupported model_type 'mamba'" in err and "config.json" in err
+
+
+@pytest.mark.parametrize("missing, message", [
+    ("config.json", "config.json is missing"),
+    ("tokenizer.json", "tokenizer.json is missing"),
+    ("model.safetensors", "has no *.safetensors file"),
+])
+def test_missing_files(folder, capsys, missing, message):
+    (folder / missing).unlink()
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "hi")
+    assert code == 2 and message in err
+
+
+def test_truncated_safetensors(folder, capsys):
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "hi")
+    assert code == 2 and "model.safetensors is corrupt or truncated" in err
+
+
+def test_shape_mismatch_names_tensor_and_file(folder, capsys):
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 100}))
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "hi")
+    assert code == 2 and "model.safetensors" in err and "mlp" in err and "has shape" in err
+
+
+def test_dtype_mismatch(folder, capsys):
+    path = folder / "model.safetensors"
+    weights = load_file(str(path))
+    weights["model.norm.weight"] = weights["model.norm.weight"].to(__import__("torch").int32)
+    save_file(weights, str(path))
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "hi")
+    assert code == 2 and "model.norm.weight" in err and "int32" in err
+
+
+def test_corrupt_config_json(folder, capsys):
+    (folder / "config.json").write_text("{not json")
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "hi")
+    assert code == 2 and "not valid JSON" in err
+
+
+def test_console_script_exit_code_without_traceback(tmp_path):
+    """Through a real process, as a user runs it."""
+    proc = subprocess.run([sys.executable, "-m", "edge_spec.cli", "generate", "--model", str(tmp_path),
+                           "--prompt", "hi"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_builtin_smollm2_through_the_cli(capsys, smollm2, monkeypatch):
+    """The real default model end to end (the conversion cache points at the session's fresh conversion)."""
+    monkeypatch.setattr("edge_spec.checkpoints.resolve", lambda model: smollm2.folder)
+    code, out, err = run_cli(capsys, "--prompt", "What is the capital of France?", "--chat", "--max-new-tokens", "24")
+    assert code == 0 and "Paris" in out and "stop: eos" in err

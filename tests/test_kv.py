@@ -1,0 +1,80 @@
+"""KV contract maths, exact and hand-built."""
+
+import numpy as np
+import pytest
+
+from edge_spec.errors import ContextOverflowError, KVStateError
+from edge_spec.kv import FULL, SLIDING, CacheSpec, KVLayout, KVState, attention_mask, commit_slots
+
+V = 0.0  # visible
+X = np.float32(-1e30)  # masked
+
+
+def test_mask_full_attention_cache_and_new_rows():
+    # cache holds positions 0, 1 in slots 0, 1; slot 2 empty; two new tokens at positions 2, 3
+    mask = attention_mask(np.array([0, 1, -1]), np.array([2, 3]), window=None)
+    assert mask.tolist() == [[V, V, X, V, X],
+                             [V, V, X, V, V]]
+
+
+def test_mask_sliding_window_exact_bounds():
+    # window 2: a key at p is visible to query q iff 0 <= q - p < 2
+    ring = np.array([4, 1, 2, 3])  # a 4-slot ring after positions 0..4 (slot 0 overwritten by 4)
+    mask = attention_mask(ring, np.array([5, 6]), window=2)
+    assert mask.tolist() == [[V, X, X, X, V, X],
+                             [X, X, X, X, V, V]]
+
+
+def test_commit_slots_full_and_ring():
+    rows, slots = commit_slots(start=5, n=3, slots=100, ring=False)
+    assert rows.tolist() == [0, 1, 2] and slots.tolist() == [5, 6, 7]
+    rows, slots = commit_slots(start=5, n=3, slots=4, ring=True)
+    assert rows.tolist() == [0, 1, 2] and slots.tolist() == [1, 2, 3]
+    rows, slots = commit_slots(start=2, n=6, slots=4, ring=True)  # only the last 4 rows survive
+    assert rows.tolist() == [2, 3, 4, 5] and slots.tolist() == [0, 1, 2, 3]
+
+
+def _state(window=4, slots=4, max_context=32):
+    layout = KVLayout((CacheSpec(0, FULL, 1, 2, max_context, None), CacheSpec(1, SLIDING, 1, 2, slots, window)),
+                      max_context)
+    return KVState(layout)
+
+
+def _commit(state, n):
+    state.masks(n)
+    state.advance(n, state.plan_commit(n))
+
+
+def test_state_tracks_slot_positions_and_rewind_within_reach():
+    state = _state()
+    _commit(state, 6)  # positions 0..5; ring slots hold 4, 5, 2, 3
+    assert state.slot_pos[SLIDING].tolist() == [4, 5, 2, 3]
+    state.rewind(5)  # a query at 5 needs (1, 5) = 2, 3, 4: all still held
+    assert state.length == 5
+    assert state.slot_pos[SLIDING].tolist() == [4, -1, 2, 3]
+    assert state.slot_pos[FULL][:6].tolist() == [0, 1, 2, 3, 4, -1]
+
+
+def test_rewind_across_eviction_raises():
+    state = _state()
+    _commit(state, 6)
+    with pytest.raises(KVStateError, match="evicted position 1"):
+        state.rewind(4)  # a query at 4 needs position 1, overwritten by 5
+    assert state.length == 6  # nothing changed
+
+
+def test_repeated_small_rewinds_cannot_sneak_past_an_eviction():
+    state = _state()
+    _commit(state, 6)
+    state.rewind(5)
+    with pytest.raises(KVStateError):
+        state.rewind(4)
+
+
+def test_rewind_out_of_range_and_overflow():
+    state = _state(max_context=8)
+    _commit(state, 3)
+    with pytest.raises(KVStateError):
+        state.rewind(4)
+    with pytest.raises(ContextOverflowError, match="context overflow"):
+        state.masks(6)

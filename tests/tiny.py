@@ -1,0 +1,75 @@
+"""Tiny random checkpoints, built offline with transformers' reference classes, saved as HF folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A word-level tokenizer: ids 0..3 are specials, then w4, w5, ... (any text maps to something)."""
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>", "<bos>"]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    vocab.update({f"w{i}": i for i in range(len(specials), vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(specials)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": "<bos>", "add_bos_token": False}))
+
+
+def randomize_gemma_norms(model: torch.nn.Module, seed: int = 0) -> None:
+    """Random inits leave norms at 1 and layer scalars at 1: perturb them so parity tests see them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "scale" in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.fill_(0.8)
+
+
+def llama_config(**overrides):
+    from transformers import LlamaConfig
+
+    args = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, rope_theta=100000.0, tie_word_embeddings=True, max_position_embeddings=512,
+                bos_token_id=3, eos_token_id=2)
+    return LlamaConfig(**{**args, **overrides})
+
+
+def gemma4_config(**overrides):
+    from transformers import Gemma4TextConfig
+
+    args = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=6, num_kv_shared_layers=2,
+                hidden_size_per_layer_input=8, vocab_size_per_layer_input=320, final_logit_softcapping=30.0,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                             "sliding_attention", "full_attention"],
+                max_position_embeddings=512, bos_token_id=3, eos_token_id=2, pad_token_id=0)
+    cfg = Gemma4TextConfig(**{**args, **overrides})
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def save_reference(config, folder: Path, seed: int = 0):
+    """Build the transformers reference model for `config`, save it as an HF folder, return it."""
+    from transformers import Gemma4ForCausalLM, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cls = LlamaForCausalLM if config.model_type == "llama" else Gemma4ForCausalLM
+    model = cls(config).eval()
+    if config.model_type != "llama":
+        randomize_gemma_norms(model, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    write_tokenizer(folder, config.vocab_size)
+    return model
