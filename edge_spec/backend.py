@@ -85,3 +85,19 @@ class Session:
     def reset(self) -> None:
         self.state.reset()
         self.backend.reset()
+
+
+class DraftStep(NamedTuple):
+    token_ids: np.ndarray  # [N] int64 candidate ids (the whole vocabulary for a dense head)
+    logits: np.ndarray  # [N] float32
+    hidden: np.ndarray  # [Ht] float32, input hidden of the next draft step
+
+
+class DrafterBackend(Protocol):
+    """A drafter reading the *target backend's* caches (it owns none)."""
+
+    def begin(self, position: int, masks: dict[str, np.ndarray], n_cached: int) -> None:
+        """Start a burst at the bonus token's `position`; masks: kind -> [1, 1, 1, S_kind]."""
+
+    def step(self, token: int, hidden: np.ndarray) -> DraftStep:
+        """One draft step from the previous token and hidden state ([Ht])."""

@@ -93,8 +93,17 @@ class KVLayout:
 
 
 def ring_slots(window: int, max_context: int) -> int:
-    """Slots for a sliding layer under `io` binding: the window itself, never more than the context."""
-    return min(window, max_context)
+    """Slots for a sliding layer under `io` binding: W + 1, never more than the context.
+
+    The target alone needs W - 1 past keys (write-after-verify); the drafter reads the W + 1 keys
+    before the bonus token (transformers' Gemma-4 assistant semantics), which sets the size.
+    """
+    return min(window + 1, max_context)
+
+
+def drafter_window(window: int | None) -> int | None:
+    """The drafter's query at position p sees sliding keys at p - W - 1 .. p - 1 (attention_mask semantics)."""
+    return None if window is None else window + 2
 
 
 # ---- pure functions ----------------------------------------------------------------------------
@@ -154,6 +163,13 @@ class KVState:
         self.check_fits(n_new)
         query = np.arange(self.length, self.length + n_new, dtype=np.int64)
         return {kind: attention_mask(self.slot_pos[kind], query, self.layout.window(kind))[None, None]
+                for kind in self.layout.kinds()}
+
+    def drafter_masks(self) -> dict[str, np.ndarray]:
+        """Masks for a drafter query at position `length` over the committed caches: kind -> [1, 1, 1, S_kind]."""
+        query = np.array([self.length], dtype=np.int64)
+        return {kind: attention_mask(self.slot_pos[kind], query, drafter_window(self.layout.window(kind)))[None, None, :,
+                                                                                                   :self.layout.slots(kind)]
                 for kind in self.layout.kinds()}
 
     def position_ids(self, n_new: int) -> np.ndarray:  # [1, T]

@@ -59,3 +59,33 @@ class TorchBackend:
 
     def reset(self) -> None:
         self._pending = None
+
+
+class TorchDrafter:
+    """Eager drafter over a TorchBackend's K/V buffers (zero-copy views of the source layers)."""
+
+    def __init__(self, drafter, target: TorchBackend, sources: dict[str, int]):
+        self.drafter = drafter
+        self.target = target
+        index = {spec.layer: i for i, spec in enumerate(target.specs)}
+        self.sources = {kind: index[layer] for kind, layer in sources.items()}
+        self._burst = None
+
+    @torch.no_grad()
+    def begin(self, position: int, masks: dict[str, np.ndarray], n_cached: int) -> None:
+        kv, torch_masks = {}, {}
+        for kind, i in self.sources.items():
+            spec = self.target.specs[i]
+            n = self.target._visible_slots(spec, n_cached)
+            kv[kind] = (self.target.k[i][:, :, :n], self.target.v[i][:, :, :n])
+            torch_masks[kind] = torch.from_numpy(np.ascontiguousarray(masks[kind][..., :n]))
+        self._burst = (torch.tensor([[position]]), torch_masks, kv)
+
+    @torch.no_grad()
+    def step(self, token: int, hidden: np.ndarray) -> "DraftStep":
+        from edge_spec.backend import DraftStep
+
+        position_ids, masks, kv = self._burst
+        embed = self.target.model.embed(torch.tensor([[token]]))  # [1, 1, Ht]
+        out = self.drafter(embed, torch.from_numpy(hidden).view(1, 1, -1), position_ids, masks, kv)
+        return DraftStep(out.token_ids.numpy(), out.logits.numpy(), out.hidden[0, 0].numpy())

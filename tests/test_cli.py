@@ -120,3 +120,32 @@ def test_builtin_smollm2_through_the_cli(capsys, smollm2, monkeypatch):
     monkeypatch.setattr("edge_spec.checkpoints.resolve", lambda model: smollm2.folder)
     code, out, err = run_cli(capsys, "--prompt", "What is the capital of France?", "--chat", "--max-new-tokens", "24")
     assert code == 0 and "Paris" in out and "stop: eos" in err
+
+
+@pytest.fixture()
+def drafter_folder(folder, tmp_path):
+    from edge_spec import checkpoints
+    from edge_spec.drafter import new_drafter, save_drafter
+
+    cfg = checkpoints.load(str(folder)).config
+    return save_drafter(new_drafter(cfg, hidden_size=32, num_layers=1, intermediate_size=64, num_centroids=16,
+                                    top_k_clusters=4), tmp_path / "drafter")
+
+
+def test_speculative_generation_through_the_cli(folder, drafter_folder, capsys):
+    base = ("--model", str(folder), "--prompt", "w5 w6 w7", "--max-new-tokens", "12", "--quiet")
+    plain = run_cli(capsys, *base)
+    spec = run_cli(capsys, *base, "--drafter", str(drafter_folder), "--spec-k", "3", "--adaptive")
+    assert plain[0] == spec[0] == 0
+    assert spec[1] == plain[1]  # greedy: identical text
+    assert "tau" in spec[2] and "accept by pos" in spec[2] and "tau" not in plain[2]
+
+
+def test_bad_spec_k_and_mismatched_drafter(folder, drafter_folder, tiny_gemma4, capsys):
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "w5", "--drafter", str(drafter_folder),
+                           "--spec-k", "0")
+    assert code == 2 and "spec_k must be" in err
+    code, _, err = run_cli(capsys, "--model", str(tiny_gemma4[0]), "--prompt", "w5", "--drafter", str(drafter_folder))
+    assert code == 2 and "drafter does not match the target" in err
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "w5", "--drafter", "builtin")
+    assert code == 2 and "no built-in drafter" in err

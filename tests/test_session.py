@@ -53,7 +53,7 @@ def test_chunked_prefill_and_steps_equal_one_full_forward(loaded):
 def test_sliding_ring_equals_full_windowed_attention(tiny_gemma4):
     loaded = checkpoints.load(str(tiny_gemma4[0]))
     assert loaded.config.sliding_window == 6 and len(IDS) > 4 * 6
-    ring = stepwise_logits(session(loaded), IDS, 5)  # ring of exactly 6 slots, wrapped 4 times
+    ring = stepwise_logits(session(loaded), IDS, 5)  # ring of W + 1 = 7 slots, wrapped 4 times
     no_eviction = stepwise_logits(session(loaded, ring_slots=64), IDS, 5)
     assert np.abs(ring - no_eviction).max() <= 1e-5
 

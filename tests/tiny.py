@@ -73,3 +73,25 @@ def save_reference(config, folder: Path, seed: int = 0):
     model.save_pretrained(folder)
     write_tokenizer(folder, config.vocab_size)
     return model
+
+
+def gemma4_assistant(target_config, *, ordered: bool, seed: int = 0, num_assistant_tokens: int = 4):
+    """A tiny transformers Gemma4AssistantForCausalLM matching `target_config` (head dims, KV heads, window)."""
+    from transformers.models.gemma4_assistant import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    torch.manual_seed(seed)
+    text = dict(model_type="gemma4_text", vocab_size=target_config.vocab_size, hidden_size=32, intermediate_size=64,
+                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                sliding_window=target_config.sliding_window, hidden_size_per_layer_input=0,
+                vocab_size_per_layer_input=0, max_position_embeddings=512)
+    cfg = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=target_config.hidden_size,
+                                use_ordered_embeddings=ordered, num_centroids=16, centroid_intermediate_top_k=4)
+    cfg.text_config._attn_implementation = "eager"
+    model = Gemma4AssistantForCausalLM(cfg).eval()
+    randomize_gemma_norms(model, seed)
+    if ordered:
+        with torch.no_grad():
+            model.masked_embedding.token_ordering.copy_(torch.randperm(target_config.vocab_size))
+    model.generation_config.num_assistant_tokens = num_assistant_tokens
+    return model

@@ -1,0 +1,296 @@
+"""The MTP drafter (Gemma-4 "assistant" design, generalised to any target).
+
+One draft step, with no KV cache of its own:
+
+    x   = pre_projection(cat(target_embed(last token) [Ht], hidden [Ht]))     # [1, 1, Ha]
+    x   = N query-only layers attending into the target's caches (named target layers, one per kind)
+    h   = norm(x)                                                             # [1, 1, Ha]
+    out = head(h)  -> candidate token ids + their logits (clustered or dense)
+    hidden_next = post_projection(h)                                          # [1, 1, Ht] fed to the next step
+
+Within a burst the position stays at the bonus token's position and the caches do not change; only
+the token and the hidden state move. Parameter names follow transformers' Gemma4AssistantForCausalLM,
+so Google's assistant checkpoints load as they are, and our own drafters use the same file format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import GEMMA4, REUSE, ModelConfig, _parse_gemma4
+from .errors import CheckpointError
+from .model import RMSNorm, Block, rope_cos_sin
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    layers: ModelConfig  # the drafter's own decoder stack (gemma4-style blocks, every layer REUSE)
+    target_hidden_size: int  # Ht
+    clustered: bool  # True: clustered-vocabulary head ("ordered embeddings")
+    num_centroids: int  # C (vocab_size % C == 0)
+    top_k_clusters: int  # clusters kept per step
+    kv_source_layers: dict[str, int] | None = None  # kind -> target layer; None = last cached layer of that kind
+    raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.layers.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layers.hidden_size
+
+    @property
+    def candidates_per_step(self) -> int:
+        """Tokens scored per step: k clusters x (V / C) tokens, or the whole vocabulary."""
+        return self.top_k_clusters * (self.vocab_size // self.num_centroids) if self.clustered else self.vocab_size
+
+
+def drafter_config_from_dict(d: dict, source: str = "config.json") -> DrafterConfig:
+    """Parse a `gemma4_assistant` config.json (Google's format, also used for edge-spec's own drafters)."""
+    if d.get("model_type") != "gemma4_assistant":
+        raise CheckpointError(f"{source}: model_type {d.get('model_type')!r} is not a drafter",
+                              "a drafter folder has model_type 'gemma4_assistant'")
+    text = dict(d.get("text_config") or {})
+    n = text.get("num_hidden_layers")
+    if not n:
+        raise CheckpointError(f"{source}: text_config.num_hidden_layers is missing", "use the drafter's own config.json")
+    # the drafter's layers never compute K/V: parse without sharing, then mark every layer REUSE
+    stack = _parse_gemma4({**text, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0,
+                           "enable_moe_block": False, "use_double_wide_mlp": False}, source)
+    stack = dataclasses.replace(stack, kv_sharing=(REUSE,) * stack.num_layers, final_logit_softcapping=None)
+    clustered = bool(d.get("use_ordered_embeddings", False))
+    centroids = int(d.get("num_centroids", 2048))
+    if clustered and stack.vocab_size % centroids:
+        raise CheckpointError(f"{source}: vocab_size {stack.vocab_size} is not a multiple of num_centroids {centroids}",
+                              "re-cluster the vocabulary into equal-size clusters")
+    sources = (d.get("edge_spec") or {}).get("kv_source_layers")
+    return DrafterConfig(layers=stack, target_hidden_size=int(d.get("backbone_hidden_size", 1536)), clustered=clustered,
+                         num_centroids=centroids, top_k_clusters=int(d.get("centroid_intermediate_top_k", 32)),
+                         kv_source_layers={k: int(v) for k, v in sources.items()} if sources else None, raw=d)
+
+
+class DraftOutput(NamedTuple):
+    token_ids: torch.Tensor  # [N] int64 candidate ids (N = candidates_per_step; arange(V) for a dense head)
+    logits: torch.Tensor  # [N] float32 logits of those candidates
+    hidden: torch.Tensor  # [1, 1, Ht] fed to the next draft step
+
+
+class _Stack(nn.Module):
+    """Named `model` in Drafter so parameter names match transformers' assistant checkpoints."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # only used as the output head
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class ClusteredHead(nn.Module):
+    """Score C centroids, keep the top-k clusters, score only their tokens (token_ordering: [V] = [C, V/C])."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.centroids = nn.Linear(cfg.hidden_size, cfg.num_centroids, bias=False)
+        self.register_buffer("token_ordering", torch.arange(cfg.vocab_size, dtype=torch.long))
+        self.num_centroids, self.top_k = cfg.num_centroids, cfg.top_k_clusters
+
+    def forward(self, h: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: [Ha]; table: [V, Ha] -> (ids [k * V/C], logits [k * V/C])."""
+        top = torch.topk(self.centroids(h), self.top_k).indices  # [k]
+        ids = self.token_ordering.view(self.num_centroids, -1)[top].reshape(-1)  # [k * V/C]
+        return ids, table[ids] @ h
+
+
+class Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        if cfg.layers.family != GEMMA4:
+            raise CheckpointError("drafter layers must be gemma4-style blocks")
+        self.cfg = cfg
+        self.model = _Stack(cfg.layers)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.model.embed_tokens.weight
+        self.pre_projection = nn.Linear(2 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.post_projection = nn.Linear(cfg.hidden_size, cfg.target_hidden_size, bias=False)
+        self.masked_embedding = ClusteredHead(cfg) if cfg.clustered else None
+        for kind, spec in cfg.layers.rope.items():
+            self.register_buffer(f"inv_freq_{kind}", torch.from_numpy(spec.inv_freq()), persistent=False)
+
+    def forward(self, token_embed: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                masks: dict[str, torch.Tensor], kv: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> DraftOutput:
+        """token_embed, hidden: [1, 1, Ht]; position_ids: [1, 1]; masks: kind -> [1, 1, 1, S_kind];
+        kv: kind -> (k, v) target cache [1, H_kv, S_kind, D] of the source layer of that kind."""
+        x = self.pre_projection(torch.cat([token_embed, hidden], dim=-1))  # [1, 1, Ha]
+        cfg = self.cfg.layers
+        rope = {kind: rope_cos_sin(position_ids, getattr(self, f"inv_freq_{kind}")) for kind in cfg.rope}
+        shared = dict(kv)  # REUSE layers read shared[kind]
+        for layer, block in enumerate(self.model.layers):
+            kind = cfg.layer_kinds[layer]
+            x, _ = block(x, *rope[kind], masks[kind], None, None, shared, None)
+        h = self.model.norm(x)  # [1, 1, Ha]
+        flat = h[0, 0]
+        if self.masked_embedding is not None:
+            ids, logits = self.masked_embedding(flat, self.lm_head.weight)
+        else:
+            ids, logits = torch.arange(self.cfg.vocab_size), self.lm_head(flat)
+        return DraftOutput(ids, logits.float(), self.post_projection(h))
+
+
+# ---- pairing with a target -----------------------------------------------------------------------
+def kv_sources(target: ModelConfig, drafter: DrafterConfig) -> dict[str, int]:
+    """kind -> target layer whose cache the drafter's layers of that kind read."""
+    kinds = set(drafter.layers.layer_kinds)
+    if drafter.kv_source_layers:
+        sources = dict(drafter.kv_source_layers)
+    else:  # Gemma-4 rule: the last target layer of each kind that owns a cache
+        cached = target.cached_layers()
+        sources = {k: max((i for i in cached if target.layer_kinds[i] == k), default=-1) for k in kinds}
+    for kind in kinds:
+        if sources.get(kind, -1) < 0:
+            raise CheckpointError(f"the drafter has {kind} layers but the target has no cached {kind} layer",
+                                  "pair the drafter with the target it was trained for")
+    return sources
+
+
+def check_pair(target: ModelConfig, drafter: DrafterConfig) -> dict[str, int]:
+    """Refuse a drafter that does not fit the target; returns kv_sources on success."""
+    problems = []
+    if drafter.target_hidden_size != target.hidden_size:
+        problems.append(f"drafter expects target hidden size {drafter.target_hidden_size}, target has {target.hidden_size}")
+    if drafter.vocab_size != target.vocab_size:
+        problems.append(f"drafter vocab {drafter.vocab_size} != target vocab {target.vocab_size}")
+    if not problems:
+        sources = kv_sources(target, drafter)
+        for layer, kind in enumerate(drafter.layers.layer_kinds):
+            src = sources[kind]
+            if target.kv_sharing[src] == REUSE:
+                problems.append(f"target layer {src} owns no cache (it reuses another layer's)")
+                continue
+            if (drafter.layers.head_dims[layer], drafter.layers.kv_heads[layer]) != (target.head_dims[src], target.kv_heads[src]):
+                problems.append(f"drafter layer {layer} ({kind}) expects head_dim/kv_heads "
+                                f"{drafter.layers.head_dims[layer]}/{drafter.layers.kv_heads[layer]}, target layer {src} "
+                                f"has {target.head_dims[src]}/{target.kv_heads[src]}")
+            if drafter.layers.num_heads % target.kv_heads[src]:
+                problems.append(f"drafter heads {drafter.layers.num_heads} not a multiple of target KV heads {target.kv_heads[src]}")
+        for kind in set(drafter.layers.layer_kinds):
+            if not np.array_equal(drafter.layers.rope[kind].inv_freq(), target.rope[kind].inv_freq()):
+                problems.append(f"drafter RoPE for {kind} layers differs from the target's")
+            if kind == "sliding" and drafter.layers.sliding_window != target.sliding_window:
+                problems.append(f"drafter sliding window {drafter.layers.sliding_window} != target {target.sliding_window}")
+    if problems:
+        raise CheckpointError("drafter does not match the target: " + "; ".join(problems),
+                              "use the drafter trained for this target (or train one: edge-spec train-drafter)")
+    return sources
+
+
+# ---- loading ---------------------------------------------------------------------------------------
+def load_drafter(folder: str | Path) -> Drafter:
+    from .checkpoints import read_safetensors  # one reader for every checkpoint
+
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise CheckpointError(f"drafter folder {folder} does not exist", "pass --drafter builtin or a drafter folder")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing", "a drafter folder needs its config.json")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err})", "restore the drafter's config.json") from err
+    module = Drafter(drafter_config_from_dict(raw, str(path)))
+    expected = module.state_dict()
+    loaded = {}
+    for key, (file, tensor) in read_safetensors(folder).items():
+        if key == "lm_head.weight":
+            continue  # tied to model.embed_tokens.weight
+        if key not in expected:
+            raise CheckpointError(f"{file}: unexpected tensor {key!r} in a drafter checkpoint",
+                                  "check that config.json belongs to these weights")
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise CheckpointError(f"{file}: tensor {key!r} has shape {tuple(tensor.shape)}, config.json implies "
+                                  f"{tuple(expected[key].shape)}", "check that config.json belongs to these weights")
+        loaded[key] = tensor if key.endswith("token_ordering") else tensor.float()
+    missing = [k for k in expected if k not in loaded and k != "lm_head.weight" and not k.endswith("layer_scalar")]
+    if missing:
+        raise CheckpointError(f"{folder}: drafter tensors missing, e.g. {missing[:3]}", "the drafter checkpoint is incomplete")
+    if "masked_embedding.token_ordering" in loaded:
+        order = loaded["masked_embedding.token_ordering"]
+        if not torch.equal(torch.sort(order).values, torch.arange(module.cfg.vocab_size)):
+            raise CheckpointError(f"{folder}: token_ordering is not a permutation of the vocabulary",
+                                  "re-run the clustering tool for this drafter")
+    module.load_state_dict(loaded, strict=False)
+    return module.eval().requires_grad_(False)
+
+
+# ---- creating and saving (our own drafters use Google's assistant file format) -------------------
+def drafter_config_dict(target: ModelConfig, *, hidden_size: int = 256, num_layers: int = 2, num_heads: int | None = None,
+                        intermediate_size: int = 1024, clustered: bool = True, num_centroids: int = 1024,
+                        top_k_clusters: int = 32, source_layers: dict[str, int] | None = None) -> dict:
+    """A `gemma4_assistant` config.json for a new drafter of `target` (layers read the target's last
+    cached layer of each kind; the last drafter layer is full attention, the others follow the target's kinds)."""
+    kinds = ["sliding" if "sliding" in target.layer_kinds and i < num_layers - 1 else "full" for i in range(num_layers)]
+    full_src = max(i for i in target.cached_layers() if target.layer_kinds[i] == "full")
+    head_dim_full, kv_full = target.head_dims[full_src], target.kv_heads[full_src]
+    num_heads = num_heads or max(kv_full, (hidden_size // head_dim_full) // kv_full * kv_full)
+    per_layer = {}
+    for i, kind in enumerate(kinds):
+        src = max(j for j in target.cached_layers() if target.layer_kinds[j] == kind)
+        per_layer[str(i)] = {"head_dim": target.head_dims[src], "num_key_value_heads": target.kv_heads[src]}
+    rope = {("full_attention" if k == "full" else "sliding_attention"): {
+        "rope_type": r.rope_type, "rope_theta": r.theta, "partial_rotary_factor": r.partial_rotary_factor, "factor": r.factor}
+        for k, r in target.rope.items()}
+    text = {"model_type": "gemma4_text", "vocab_size": target.vocab_size, "hidden_size": hidden_size,
+            "intermediate_size": intermediate_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
+            "num_key_value_heads": target.kv_heads[full_src], "head_dim": head_dim_full,
+            "layer_types": [f"{k}_attention" for k in kinds], "sliding_window": target.sliding_window or 512,
+            "rope_parameters": rope, "per_layer_config": per_layer, "rms_norm_eps": 1e-6,
+            "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
+            "max_position_embeddings": target.max_position_embeddings}
+    return {"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"], "text_config": text,
+            "backbone_hidden_size": target.hidden_size, "use_ordered_embeddings": clustered,
+            "num_centroids": num_centroids, "centroid_intermediate_top_k": top_k_clusters, "tie_word_embeddings": True,
+            "edge_spec": {"kv_source_layers": source_layers} if source_layers else {}}
+
+
+def new_drafter(target: ModelConfig, seed: int = 0, **kwargs) -> Drafter:
+    """A randomly initialised drafter for `target` (normal(0, 0.02) weights, unit norms)."""
+    raw = drafter_config_dict(target, **kwargs)
+    drafter = Drafter(drafter_config_from_dict(raw, "new drafter"))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return drafter
+
+
+def save_drafter(drafter: Drafter, folder: str | Path) -> Path:
+    """Write config.json + model.safetensors atomically (temp folder + rename)."""
+    import os
+    import shutil
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    tmp = folder.parent / f"{folder.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        state = {k: v.contiguous() for k, v in drafter.state_dict().items() if k != "lm_head.weight"}
+        save_file(state, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(drafter.cfg.raw, indent=2))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder

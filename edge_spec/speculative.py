@@ -1,0 +1,251 @@
+"""Lossless speculative decoding: draft k -> one target pass over [last, *drafts] -> verify -> commit n + 1.
+
+`verify` is one pure function (Leviathan et al. 2023, Alg. 1; Chen et al. 2023). Greedy decoding is its
+one-hot case: temperature 0 makes both distributions one-hot, so a draft is accepted iff it is the
+target's argmax and the "residual" sample is exactly the target's argmax.
+Temperature/top-k/top-p are applied identically to target and drafter (`sampling.token_probs`).
+The clustered drafter head gives probability 0 to every token outside its selected clusters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from .backend import DrafterBackend, DraftStep, Session
+from .errors import ConfigError
+from .generate import GenerationResult, check_request, pick_token
+from .sampling import SamplingParams, sample, token_probs
+
+
+class VerifyResult(NamedTuple):
+    accepted: int  # n: drafts kept (a prefix)
+    next_token: int  # correction token (on rejection) or bonus token (all accepted)
+
+
+def verify(draft_tokens: Sequence[int], draft_probs: np.ndarray, target_probs: np.ndarray, rng) -> VerifyResult:
+    """draft_probs: [k, V] (what each draft was sampled from); target_probs: [k + 1, V].
+
+    Accept draft i with probability min(1, p(x) / q(x)); on the first rejection sample from
+    max(0, p - q) renormalised; if all k are accepted, sample the bonus token from p[k].
+    `rng` needs only `.random()` (one uniform per accept test, one per final sample).
+    """
+    for i, x in enumerate(draft_tokens):
+        p, q = target_probs[i, x], draft_probs[i, x]
+        if rng.random() < min(1.0, p / q):
+            continue
+        residual = np.maximum(target_probs[i] - draft_probs[i], 0.0)
+        total = residual.sum()
+        return VerifyResult(i, sample(residual / total if total > 0 else target_probs[i], rng))
+    k = len(draft_tokens)
+    return VerifyResult(k, sample(target_probs[k], rng))
+
+
+def accept_all(draft_tokens, draft_probs, target_probs, rng) -> VerifyResult:
+    """A *wrong* verifier (negative control for the distribution test): trusts every draft."""
+    k = len(draft_tokens)
+    return VerifyResult(k, sample(target_probs[k], rng))
+
+
+def draft_distribution(step: DraftStep, vocab_size: int, params: SamplingParams) -> np.ndarray:
+    """The drafter's distribution over the full vocabulary [V]: 0 outside the scored candidates."""
+    logits = np.full(vocab_size, -np.inf)
+    logits[step.token_ids] = step.logits
+    return token_probs(logits, params)
+
+
+def confidence(step: DraftStep, token: int) -> float:
+    """The drafter's own (temperature-1) probability of `token` among its candidates."""
+    z = step.logits.astype(np.float64)
+    z = np.exp(z - z.max())
+    return float(z[step.token_ids == token].sum() / z.sum())
+
+
+# ---- adaptive draft length ------------------------------------------------------------------------
+@dataclass
+class CostModel:
+    """Picks k from costs measured during this run, so speculation never loses to plain decoding.
+
+    rate(k) = E[tokens per pass | k] / (verify_s(k + 1) + k * draft_s); k = 0 is plain decoding.
+    E[tokens | k] = 1 + sum_{j=1..k} prod_{i<=j} a_i with a_i the running acceptance rate of position i.
+    verify_s(T) is interpolated linearly between measured T (a pass over T tokens costs more with T).
+    """
+
+    k_max: int
+    decay: float = 0.25  # EMA weight of a new observation
+    probe_every: int = 16  # after this many plain steps in a row, re-measure acceptance with a short burst
+    verify_s: dict[int, float] = field(default_factory=dict)
+    draft_s: float | None = None
+    accept: np.ndarray | None = None
+    plain_streak: int = 0
+
+    def __post_init__(self):
+        if self.accept is None:
+            self.accept = np.full(self.k_max, 0.6)  # prior until measured
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.decay) * old + self.decay * new
+
+    def observe_verify(self, tokens: int, seconds: float) -> None:
+        self.verify_s[tokens] = self._ema(self.verify_s.get(tokens), seconds)
+
+    def observe_draft(self, seconds_per_step: float) -> None:
+        self.draft_s = self._ema(self.draft_s, seconds_per_step)
+
+    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+        for i in range(min(drafted, accepted + 1)):  # positions reached: accepted ones + the first rejected
+            self.accept[i] = self._ema(self.accept[i], 1.0 if i < accepted else 0.0)
+
+    def expected_tokens(self, k: int) -> float:
+        return 1.0 + float(np.cumprod(self.accept[:k]).sum())
+
+    def verify_cost(self, tokens: int) -> float:
+        known = sorted(self.verify_s)
+        if tokens in self.verify_s or len(known) == 1:
+            return self.verify_s.get(tokens, self.verify_s[known[0]])
+        lo = max((t for t in known if t < tokens), default=known[0])
+        hi = min((t for t in known if t > tokens), default=known[-1])
+        if lo == hi:  # outside the measured range: extend the nearest segment's slope
+            lo, hi = (known[-2], known[-1]) if tokens > known[-1] else (known[0], known[1])
+        slope = (self.verify_s[hi] - self.verify_s[lo]) / (hi - lo)
+        return max(self.verify_s[lo] + slope * (tokens - lo), 1e-9)
+
+    def choose(self) -> int:
+        """Exploration first (measure a plain step and a full burst), then the best measured rate."""
+        if 1 not in self.verify_s:
+            return 0
+        if len(self.verify_s) < 2 or self.draft_s is None:
+            return self.k_max
+        rates = [self.expected_tokens(k) / (self.verify_cost(k + 1) + k * self.draft_s) for k in range(self.k_max + 1)]
+        best = int(np.argmax(rates))
+        self.plain_streak = self.plain_streak + 1 if best == 0 else 0
+        if self.plain_streak > self.probe_every:  # the drafter may do better on this part of the text
+            self.plain_streak = 0
+            return min(2, self.k_max)
+        return best
+
+
+# ---- statistics -------------------------------------------------------------------------------------
+@dataclass
+class SpecStats:
+    k_max: int
+    target_calls: int = 0  # verify passes after the prefill
+    drafter_calls: int = 0
+    drafted: np.ndarray = None  # [k_max] drafts proposed at each position
+    accepted: np.ndarray = None  # [k_max] drafts accepted at each position
+    emitted_by_passes: int = 0
+    drafter_s: float = 0.0
+    target_s: float = 0.0
+    decode_s: float = 0.0
+    k_chosen: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.drafted = np.zeros(self.k_max, dtype=np.int64)
+        self.accepted = np.zeros(self.k_max, dtype=np.int64)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target pass (plain decoding: 1)."""
+        return self.emitted_by_passes / self.target_calls if self.target_calls else 0.0
+
+    def acceptance_by_position(self) -> list[float | None]:
+        return [float(a / d) if d else None for a, d in zip(self.accepted, self.drafted)]
+
+    def to_dict(self) -> dict:
+        overhead = max(self.decode_s - self.drafter_s - self.target_s, 0.0)
+        return {"tau": self.tau, "target_calls": self.target_calls, "drafter_calls": self.drafter_calls,
+                "acceptance_by_position": self.acceptance_by_position(),
+                "acceptance_rate": float(self.accepted.sum() / self.drafted.sum()) if self.drafted.sum() else None,
+                "time_s": {"drafter": self.drafter_s, "target": self.target_s, "overhead": overhead},
+                "mean_k": float(np.mean(self.k_chosen)) if self.k_chosen else 0.0}
+
+    def summary(self) -> str:
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in self.acceptance_by_position())
+        d = self.to_dict()["time_s"]
+        total = max(self.decode_s, 1e-9)
+        return (f"tau {self.tau:.2f} | target calls {self.target_calls} | drafter calls {self.drafter_calls} | "
+                f"accept by pos [{acc}] | time drafter {100 * d['drafter'] / total:.0f}% target "
+                f"{100 * d['target'] / total:.0f}% overhead {100 * d['overhead'] / total:.0f}%")
+
+
+# ---- the loop ---------------------------------------------------------------------------------------
+def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: list[int], *, max_new_tokens: int,
+                         params: SamplingParams, rng: np.random.Generator, stop_ids: frozenset[int], k: int,
+                         vocab_size: int, adaptive: bool = False, min_confidence: float = 0.0,
+                         on_token: Callable[[int], None] | None = None, verifier=verify) -> GenerationResult:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"spec_k must be an integer >= 1, got {k!r}", "use --spec-k 4, for example")
+    if not 0.0 <= min_confidence < 1.0:
+        raise ConfigError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
+    check_request(prompt_ids, max_new_tokens, session.max_context)
+    stats = SpecStats(k)
+    model = CostModel(k) if adaptive else None
+    start = time.perf_counter()
+    session.reset()
+    out = session.prefill(prompt_ids)
+    token = pick_token(out.logits[-1], params, rng)  # the one token not yet in the cache
+    hidden = out.hidden[-1]  # [Ht] target state at the position that predicted `token`
+    prefill_s = time.perf_counter() - start
+    tokens = [token]
+    if on_token:
+        on_token(token)
+    while token not in stop_ids and len(tokens) < max_new_tokens:
+        k_now = min(model.choose() if model else k, max_new_tokens - len(tokens) - 1)
+        stats.k_chosen.append(k_now)
+        t0 = time.perf_counter()
+        drafts, draft_probs = _draft(drafter, session, token, hidden, k_now, params, rng, stop_ids, vocab_size,
+                                     min_confidence if adaptive else 0.0)
+        t1 = time.perf_counter()
+        out = session.forward([token] + drafts)  # [1 + len(drafts)] positions
+        t2 = time.perf_counter()
+        target_probs = token_probs(out.logits, params)  # [1 + len(drafts), V]
+        n, nxt = verifier(drafts, np.asarray(draft_probs).reshape(len(drafts), vocab_size), target_probs, rng)
+        session.commit(n + 1)
+        hidden = out.hidden[n]
+        stats.drafter_s += t1 - t0
+        stats.target_s += t2 - t1
+        stats.target_calls += 1
+        stats.drafter_calls += len(drafts)
+        stats.drafted[:len(drafts)] += 1
+        stats.accepted[:n] += 1
+        stats.emitted_by_passes += n + 1
+        if model:
+            model.observe_verify(1 + len(drafts), t2 - t1)
+            if drafts:
+                model.observe_draft((t1 - t0) / len(drafts))
+                model.observe_acceptance(len(drafts), n)
+        for t in drafts[:n] + [nxt]:
+            tokens.append(t)
+            if on_token:
+                on_token(t)
+            if t in stop_ids or len(tokens) >= max_new_tokens:
+                break
+        token = tokens[-1]
+    end = time.perf_counter()
+    stats.decode_s = end - start - prefill_s
+    stop = "eos" if tokens[-1] in stop_ids else "length"
+    result = GenerationResult(tokens, len(prompt_ids), stop, prefill_s, end - start)
+    result.extra["spec"] = stats
+    return result
+
+
+def _draft(drafter: DrafterBackend, session: Session, token: int, hidden: np.ndarray, k: int,
+           params: SamplingParams, rng, stop_ids, vocab_size: int, min_confidence: float):
+    """Propose up to k drafts after `token`; stops early at a stop token or a low-confidence draft."""
+    drafts, probs = [], []
+    if k == 0:
+        return drafts, probs
+    drafter.begin(session.length, session.state.drafter_masks(), session.length)
+    for _ in range(k):
+        step = drafter.step(token, hidden)
+        q = draft_distribution(step, vocab_size, params)
+        token = int(np.argmax(q)) if params.greedy else sample(q, rng)
+        drafts.append(token)
+        probs.append(q)
+        if token in stop_ids or (min_confidence and confidence(step, token) < min_confidence):
+            break
+        hidden = step.hidden
+    return drafts, probs

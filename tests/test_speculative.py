@@ -1,0 +1,276 @@
+"""Speculative decoding: hand-built verify cases, greedy exactness, and a distribution test with a negative control."""
+
+from collections import Counter
+from itertools import product
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from edge_spec import checkpoints
+from edge_spec.backend import DraftStep, Session
+from edge_spec.config import kv_layout
+from edge_spec.drafter import check_pair, new_drafter
+from edge_spec.errors import ConfigError
+from edge_spec.generate import generate_plain
+from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
+from edge_spec.sampling import SamplingParams, token_probs
+from edge_spec.speculative import CostModel, accept_all, generate_speculative, verify
+
+
+class Uniforms:
+    """A stand-in rng that returns fixed uniforms, in order."""
+
+    def __init__(self, *values):
+        self.values = list(values)
+
+    def random(self):
+        return self.values.pop(0)
+
+
+P = np.array([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])  # target, [k + 1, V]
+Q = np.array([[0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 1.0, 0.0]])  # drafter, [k, V]
+
+
+def test_verify_rejection_samples_from_the_residual():
+    # draft 1: p/q = 0.2/0.5 = 0.4 > u=0.3 -> accept; draft 2: 0.25/1.0 < u=0.5 -> reject;
+    # residual max(0, p - q) = [.25, .25, 0, .25] -> cdf [1/3, 2/3, 2/3, 1]; u=0.5 -> token 1
+    assert verify([1, 2], Q, P, Uniforms(0.3, 0.5, 0.5)) == (1, 1)
+
+
+def test_verify_all_accepted_samples_the_bonus_from_the_target():
+    # both accepted (u=0.1 < 0.4 and < 0.25); bonus from P[2]: cdf [.7, .8, .9, 1]; u=0.75 -> token 1
+    assert verify([1, 2], Q, P, Uniforms(0.1, 0.1, 0.75)) == (2, 1)
+
+
+def test_verify_first_draft_rejected():
+    # draft 0 is token 2: p/q = 0.3/0.5 = 0.6 < u=0.9 -> reject at once; residual [.1, 0, 0, .4] -> [.2, 0, 0, .8]
+    assert verify([2, 2], Q, P, Uniforms(0.9, 0.1)) == (0, 0)
+    assert verify([2, 2], Q, P, Uniforms(0.9, 0.3)) == (0, 3)
+
+
+def test_verify_greedy_is_the_one_hot_case():
+    logits_t = np.array([[0.0, 5.0, 1.0], [2.0, 0.0, 9.0], [0.0, 0.0, 1.0]])
+    target = token_probs(logits_t, SamplingParams(0.0))
+    drafts_ok = token_probs(np.array([[0, 9, 0], [0, 0, 9.0]]), SamplingParams(0.0))
+    for u in (0.0, 0.5, 0.999):  # the uniforms cannot change a greedy outcome
+        assert verify([1, 2], drafts_ok, target, Uniforms(u, u, u)) == (2, 2)
+        assert verify([1, 0], drafts_ok[[0, 0]] * 0 + np.eye(3)[[1, 0]], target, Uniforms(u, u, u)) == (1, 2)
+
+
+def test_cost_model_prefers_plain_decoding_for_a_useless_drafter():
+    model = CostModel(k_max=4)
+    assert model.choose() == 0  # measure a plain step first
+    model.observe_verify(1, 0.010)
+    assert model.choose() == 4  # then a full burst
+    model.observe_verify(5, 0.014)
+    model.observe_draft(0.002)
+    for _ in range(20):
+        model.observe_acceptance(4, 0)
+    assert model.choose() == 0
+    for _ in range(40):
+        model.observe_acceptance(4, 4)
+    assert model.choose() == 4
+    assert model.expected_tokens(4) == pytest.approx(5.0, abs=0.01)
+
+
+# ---- greedy exactness on the real SmolLM2 ----------------------------------------------------------
+class ScriptedDrafter:
+    """Proposes a known continuation with every third token wrong: exercises accepts and rejects."""
+
+    def __init__(self, continuation, vocab, prompt_len):
+        self.continuation, self.vocab, self.prompt_len = continuation, vocab, prompt_len
+
+    def begin(self, position, masks, n_cached):
+        self.position, self.offset = position, 0  # `position` holds continuation[position - prompt_len]
+
+    def step(self, token, hidden):
+        self.offset += 1
+        i = self.position + self.offset - self.prompt_len  # index of the token this step proposes
+        tok = self.continuation[i] if 0 <= i < len(self.continuation) else 0
+        if (self.position + self.offset) % 3 == 0:
+            tok = (tok + 1) % self.vocab
+        return DraftStep(np.array([tok]), np.array([1.0], dtype=np.float32), hidden)
+
+
+PROMPTS = [("Write a haiku about the sea.", True), ("import numpy as np\n\ndef softmax(x):\n", False)]
+
+
+@pytest.fixture(scope="module")
+def smollm2_plain(smollm2):
+    backend = TorchBackend(smollm2.model, kv_layout(smollm2.config, 512))
+    session = Session(backend)
+    plain = {}
+    for prompt, chat in PROMPTS:
+        ids = smollm2.tokenizer.encode_prompt(prompt, chat=chat)
+        plain[prompt] = (ids, generate_plain(session, ids, max_new_tokens=32, params=SamplingParams(),
+                                             rng=np.random.default_rng(0), stop_ids=frozenset()).tokens)
+    return backend, session, plain
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_smollm2_speculative_greedy_equals_plain_greedy(smollm2, smollm2_plain, k, adaptive):
+    backend, session, plain = smollm2_plain
+    drafter = new_drafter(smollm2.config, seed=k, hidden_size=128, num_layers=2, intermediate_size=256,
+                          num_centroids=1024, top_k_clusters=8)
+    runner = TorchDrafter(drafter, backend, check_pair(smollm2.config, drafter.cfg))
+    for prompt, (ids, expected) in plain.items():
+        out = generate_speculative(session, runner, ids, max_new_tokens=32, params=SamplingParams(),
+                                   rng=np.random.default_rng(0), stop_ids=frozenset(), k=k,
+                                   vocab_size=smollm2.config.vocab_size, adaptive=adaptive, min_confidence=0.05)
+        assert out.tokens == expected, prompt
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_smollm2_exact_when_drafts_are_mostly_right(smollm2, smollm2_plain, k):
+    backend, session, plain = smollm2_plain
+    for prompt, (ids, expected) in plain.items():
+        drafter = ScriptedDrafter(expected, smollm2.config.vocab_size, len(ids))
+        out = generate_speculative(session, drafter, ids, max_new_tokens=32, params=SamplingParams(),
+                                   rng=np.random.default_rng(0), stop_ids=frozenset(), k=k,
+                                   vocab_size=smollm2.config.vocab_size)
+        stats = out.extra["spec"]
+        assert out.tokens == expected, prompt
+        assert stats.accepted.sum() > 0 and stats.accepted.sum() < stats.drafted.sum()  # both paths ran
+        assert stats.tau > 1.5
+
+
+def test_eos_inside_a_draft_and_budget_mid_draft(smollm2, smollm2_plain):
+    backend, session, plain = smollm2_plain
+    ids, expected = next(iter(plain.values()))
+    drafter = ScriptedDrafter(expected, smollm2.config.vocab_size, len(ids))
+    stop = frozenset({expected[6]})  # pretend the 7th greedy token is EOS
+    out = generate_speculative(session, drafter, ids, max_new_tokens=32, params=SamplingParams(),
+                               rng=np.random.default_rng(0), stop_ids=stop, k=4, vocab_size=smollm2.config.vocab_size)
+    assert out.tokens == expected[:7] and out.stop_reason == "eos"
+    for budget in (1, 2, 9):
+        out = generate_speculative(session, drafter, ids, max_new_tokens=budget, params=SamplingParams(),
+                                   rng=np.random.default_rng(0), stop_ids=frozenset(), k=8,
+                                   vocab_size=smollm2.config.vocab_size)
+        assert out.tokens == expected[:budget] and out.stop_reason == "length"
+
+
+def test_bad_spec_arguments(smollm2, smollm2_plain):
+    backend, session, plain = smollm2_plain
+    ids, _ = next(iter(plain.values()))
+    for k in (0, -1, 2.5):
+        with pytest.raises(ConfigError, match="spec_k"):
+            generate_speculative(session, None, ids, max_new_tokens=4, params=SamplingParams(),
+                                 rng=np.random.default_rng(0), stop_ids=frozenset(), k=k, vocab_size=1)
+
+
+# ---- tiny Gemma-4 target + assistant -----------------------------------------------------------------
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_tiny_gemma4_speculative_greedy_equals_plain(tiny_gemma4, k, adaptive):
+    target = checkpoints.load(str(tiny_gemma4[0]))
+    drafter = new_drafter(target.config, seed=1, hidden_size=32, num_layers=3, intermediate_size=64,
+                          num_centroids=16, top_k_clusters=4)
+    backend = TorchBackend(target.model, kv_layout(target.config, 128))
+    session = Session(backend)
+    prompt = [int(i) for i in np.random.default_rng(k).integers(4, 320, 12)]
+    expected = generate_plain(session, prompt, max_new_tokens=40, params=SamplingParams(),
+                              rng=np.random.default_rng(0), stop_ids=frozenset()).tokens
+    out = generate_speculative(session, TorchDrafter(drafter, backend, check_pair(target.config, drafter.cfg)), prompt,
+                               max_new_tokens=40, params=SamplingParams(), rng=np.random.default_rng(0),
+                               stop_ids=frozenset(), k=k, vocab_size=target.config.vocab_size, adaptive=adaptive)
+    assert out.tokens == expected
+
+
+# ---- sampling: same distribution as the target (chi-square, alpha = 0.01), with a negative control ----
+SAMPLING = SamplingParams(temperature=1.0, top_k=6, top_p=0.95)
+DIST_PROMPT = [5, 17, 42, 99, 7, 150]
+
+
+def exact_joint_of_tokens_2_and_3(session: Session) -> dict[tuple[int, int], float]:
+    """P(t2, t3) = sum_t1 P(t1) P(t2 | t1) P(t3 | t1, t2), enumerated exactly with the target."""
+    def probs(ids):
+        session.reset()
+        return token_probs(session.forward(ids, last_only=True).logits[-1], SAMPLING)
+
+    joint: Counter = Counter()
+    p1 = probs(DIST_PROMPT)
+    for t1 in np.flatnonzero(p1):
+        p2 = probs(DIST_PROMPT + [int(t1)])
+        for t2 in np.flatnonzero(p2):
+            p3 = probs(DIST_PROMPT + [int(t1), int(t2)])
+            for t3 in np.flatnonzero(p3):
+                joint[(int(t2), int(t3))] += p1[t1] * p2[t2] * p3[t3]
+    return joint
+
+
+def chi_square_p(samples: list[tuple[int, int]], joint: dict) -> float:
+    """Goodness of fit of the samples to the exact joint; 0 if any sample lies outside the target's support."""
+    if any(c not in joint for c in samples):
+        return 0.0
+    n = len(samples)
+    counts = Counter(samples)
+    cells = sorted(joint, key=lambda c: -joint[c])
+    big = [c for c in cells if joint[c] * n >= 5]
+    small = [c for c in cells if joint[c] * n < 5]
+    observed = [counts[c] for c in big] + [sum(counts[c] for c in small)]
+    expected = [joint[c] * n for c in big] + [sum(joint[c] for c in small) * n]
+    assert sum(observed) == n  # every sample lies in the target's support
+    return chisquare(observed, expected).pvalue
+
+
+class SkewedTargetDrafter:
+    """Drafts from the target's own support with skewed frequencies (70% on its lowest id).
+
+    A close-but-wrong drafter: within the support, so only frequencies can expose a wrong verifier."""
+
+    def __init__(self, session: Session, prompt):
+        self.session, self.history = session, list(prompt)
+
+    def on_token(self, token):
+        self.history.append(token)
+
+    def begin(self, position, masks, n_cached):
+        self.context = self.history[:position + 1]
+
+    def step(self, token, hidden):
+        if len(self.context) and self.context[-1] != token:
+            self.context.append(token)
+        self.session.reset()
+        p = token_probs(self.session.forward(self.context, last_only=True).logits[-1], SAMPLING)
+        support = np.flatnonzero(p)
+        q = np.full(len(support), 0.3 / max(len(support) - 1, 1))
+        q[0] = 0.7
+        return DraftStep(support, np.log(q).astype(np.float32), hidden)
+
+
+@pytest.fixture(scope="module")
+def sampling_setup(tiny_llama):
+    target = checkpoints.load(str(tiny_llama[0]))
+    backend = TorchBackend(target.model, kv_layout(target.config, 64))
+    session = Session(backend)
+    drafter = new_drafter(target.config, seed=3, hidden_size=32, num_layers=1, intermediate_size=64,
+                          num_centroids=16, top_k_clusters=8)
+    runner = TorchDrafter(drafter, backend, check_pair(target.config, drafter.cfg))
+    oracle = Session(TorchBackend(target.model, kv_layout(target.config, 64)))
+    return target, session, runner, exact_joint_of_tokens_2_and_3(oracle), oracle
+
+
+def spec_samples(setup, verifier, drafter="mtp", n=1500):
+    target, session, runner, _, oracle = setup
+    rng = np.random.default_rng(1234)
+    out = []
+    for _ in range(n):
+        skewed = SkewedTargetDrafter(oracle, DIST_PROMPT) if drafter == "skewed" else None
+        tokens = generate_speculative(session, skewed or runner, DIST_PROMPT, max_new_tokens=3, params=SAMPLING,
+                                      rng=rng, stop_ids=frozenset(), k=2, vocab_size=target.config.vocab_size,
+                                      verifier=verifier, on_token=skewed.on_token if skewed else None).tokens
+        out.append((tokens[1], tokens[2]))
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "skewed"])
+def test_speculative_sampling_matches_the_target_distribution(sampling_setup, drafter):
+    assert chi_square_p(spec_samples(sampling_setup, verify, drafter), sampling_setup[3]) > 0.01
+
+
+def test_negative_control_always_accept_fails_the_same_test(sampling_setup):
+    samples = spec_samples(sampling_setup, accept_all, "skewed")
+    assert all(c in sampling_setup[3] for c in samples)  # same support: only the frequencies can expose it
+    assert chi_square_p(samples, sampling_setup[3]) < 0.01
