@@ -1,27 +1,32 @@
 """The Python API: `edge_spec.load(...)` -> Engine, `engine.generate(prompt, ...)` -> GenerationResult.
 
-The same words as the CLI (`edge-spec generate --model M --prompt P --max-new-tokens N ...`).
+The same words as the CLI (`edge-spec generate --model M --prompt P --max-new-tokens N ...`);
+`edge_spec.load(bundle=DIR)` / `load_bundle(DIR)` run an exported bundle (`edge-spec export`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from .backend import Session
+from . import kv
+from .backend import DrafterBackend, Session
 from .checkpoints import BUILTIN_MODELS, LoadedModel
 from .checkpoints import load as load_checkpoint
 from .config import kv_layout
 from .drafter import Drafter, check_pair, load_drafter
-from .errors import CheckpointError, ConfigError
+from .errors import BundleError, CheckpointError, ConfigError
 from .generate import GenerationResult, check_request, generate_plain
+from .kv import KVLayout, ring_slots
+from .manifest import Manifest, content_id, read_manifest, read_table
 from .sampling import SamplingParams
 from .speculative import generate_speculative
-from .tokenizer import StreamDecoder
+from .tokenizer import StreamDecoder, Tokenizer
 
-RUNTIMES = ("torch",)
+RUNTIMES = ("torch", "ort")
 DEFAULT_MAX_CONTEXT = 2048
 DEFAULT_SPEC_K = 4
 DEFAULT_MIN_CONFIDENCE = 0.3  # adaptive mode: stop a burst when the drafter is less sure than this
@@ -40,24 +45,22 @@ def resolve_drafter(drafter: str, model: str) -> Path:
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, *, drafter: Drafter | None = None, runtime: str = "torch",
-                 max_context: int | None = None, threads: int | None = None, prefill_chunk: int = 128):
-        if runtime not in RUNTIMES:
-            raise ConfigError(f"unknown runtime {runtime!r}", f"choose one of {', '.join(RUNTIMES)}")
+    """A target session (+ optional drafter) with its tokenizer: `generate(prompt, ...)`.
+
+    Built by `load` (a checkpoint, eager PyTorch) or `load_bundle` (an exported bundle, onnxruntime or eager)."""
+
+    def __init__(self, *, session: Session, tokenizer, stop_ids: frozenset[int], vocab_size: int,
+                 drafter: DrafterBackend | None = None, runtime: str = "torch", max_draft_len: int | None = None,
+                 manifest: Manifest | None = None, loaded: LoadedModel | None = None):
+        self.session = session
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_ids
+        self.vocab_size = vocab_size
+        self.drafter = drafter
+        self.runtime = runtime
+        self.max_draft_len = max_draft_len
+        self.manifest = manifest
         self.loaded = loaded
-        self.tokenizer = loaded.tokenizer
-        cfg = loaded.config
-        max_context = max_context or min(DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
-        layout = kv_layout(cfg, max_context)
-        from edge_spec.runtimes.torch import TorchBackend  # the only runtime until the exporters land
-
-        from edge_spec.runtimes.torch import TorchDrafter
-
-        backend = TorchBackend(loaded.model, layout, threads=threads)
-        self.session = Session(backend, prefill_chunk=prefill_chunk)
-        self.drafter = None
-        if drafter is not None:
-            self.drafter = TorchDrafter(drafter, backend, check_pair(cfg, drafter.cfg))
 
     @property
     def max_context(self) -> int:
@@ -82,7 +85,7 @@ class Engine:
         on_token = None
         if stream is not None:
             decoder = StreamDecoder(self.tokenizer)
-            stop = self.loaded.stop_ids
+            stop = self.stop_ids
 
             def on_token(token: int) -> None:
                 if token not in stop:
@@ -91,23 +94,126 @@ class Engine:
                         stream(delta)
 
         if speculative and self.drafter is None:
-            raise ConfigError("speculative decoding needs a drafter", "load with drafter='builtin' or a drafter folder")
+            raise ConfigError("speculative decoding needs a drafter",
+                              "load with drafter='builtin' or a drafter folder, or export a bundle with --drafter")
         if self.drafter is not None and speculative is not False:
+            if self.max_draft_len is not None and isinstance(spec_k, int) and spec_k > self.max_draft_len:
+                raise ConfigError(f"spec_k {spec_k} exceeds this bundle's max draft length {self.max_draft_len}",
+                                  f"use --spec-k {self.max_draft_len} or less, or re-export with --max-draft-len")
             result = generate_speculative(self.session, self.drafter, ids, max_new_tokens=max_new_tokens, params=params,
-                                          rng=rng, stop_ids=self.loaded.stop_ids, k=spec_k,
-                                          vocab_size=self.loaded.config.vocab_size, adaptive=adaptive,
-                                          min_confidence=min_confidence, on_token=on_token)
+                                          rng=rng, stop_ids=self.stop_ids, k=spec_k, vocab_size=self.vocab_size,
+                                          adaptive=adaptive, min_confidence=min_confidence, on_token=on_token)
         else:
             result = generate_plain(self.session, ids, max_new_tokens=max_new_tokens, params=params, rng=rng,
-                                    stop_ids=self.loaded.stop_ids, on_token=on_token)
-        result.text = self.tokenizer.decode([t for t in result.tokens if t not in self.loaded.stop_ids])
+                                    stop_ids=self.stop_ids, on_token=on_token)
+        result.text = self.tokenizer.decode([t for t in result.tokens if t not in self.stop_ids])
         return result
 
 
-def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: str = "torch",
-         max_context: int | None = None, threads: int | None = None) -> Engine:
+def _torch_engine(loaded: LoadedModel, drafter: Drafter | None, layout: KVLayout, threads: int | None,
+                  prefill_chunk: int = 128, **extra) -> Engine:
+    from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
+
+    backend = TorchBackend(loaded.model, layout, threads=threads)
+    runner = TorchDrafter(drafter, backend, check_pair(loaded.config, drafter.cfg)) if drafter is not None else None
+    return Engine(session=Session(backend, prefill_chunk=prefill_chunk), tokenizer=loaded.tokenizer,
+                  stop_ids=loaded.stop_ids, vocab_size=loaded.config.vocab_size, drafter=runner, runtime="torch",
+                  loaded=loaded, **extra)
+
+
+def _check_runtime(runtime: str) -> None:
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {runtime!r}", f"choose one of {', '.join(RUNTIMES)}")
+
+
+def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: str | None = None,
+         max_context: int | None = None, threads: int | None = None, bundle: str | Path | None = None,
+         provider: str = "cpu") -> Engine:
     """Load a built-in model name or a local Hugging Face folder (+ optionally a drafter: 'builtin' or a
-    folder) and return a ready Engine."""
+    folder) and return a ready Engine. With `bundle=DIR`, load an exported bundle instead (see `load_bundle`;
+    runtime defaults to "ort" there, "torch" otherwise)."""
+    if bundle is not None:
+        if drafter is not None:
+            raise ConfigError("a bundle brings its own drafter; `drafter` cannot be combined with `bundle`",
+                              "re-export the bundle with --drafter, or load the checkpoint instead of the bundle")
+        return load_bundle(bundle, runtime=runtime or "ort", threads=threads, provider=provider,
+                           max_context=max_context)
+    runtime = runtime or "torch"
+    _check_runtime(runtime)
+    if runtime != "torch":
+        raise ConfigError(f"the {runtime} runtime runs exported bundles, not checkpoints",
+                          f"export one first (edge-spec export --model {model} --out DIR) and pass bundle=DIR "
+                          "(CLI: --bundle DIR)")
     drafter_module = load_drafter(resolve_drafter(drafter, model)) if drafter else None
-    return Engine(load_checkpoint(model), drafter=drafter_module, runtime=runtime, max_context=max_context,
-                  threads=threads)
+    loaded = load_checkpoint(model)
+    max_context = max_context or min(DEFAULT_MAX_CONTEXT, loaded.config.max_position_embeddings)
+    return _torch_engine(loaded, drafter_module, kv_layout(loaded.config, max_context), threads)
+
+
+def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
+    """The manifest's layout, or the same layout for a smaller context."""
+    if max_context is None or max_context == manifest.max_context:
+        return manifest.layout
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or not 1 <= max_context <= manifest.max_context:
+        raise ConfigError(f"max_context {max_context!r} does not fit this bundle (exported for at most "
+                          f"{manifest.max_context})", f"use --max-context {manifest.max_context} or less, or re-export "
+                          "with a larger --max-context")
+    caches = tuple(dataclasses.replace(c, slots=ring_slots(c.window, max_context) if c.window else max_context)
+                   for c in manifest.layout.caches)
+    return KVLayout(caches, max_context)
+
+
+def load_bundle(folder: str | Path, *, runtime: str = "ort", threads: int | None = None, provider: str = "cpu",
+                max_context: int | None = None, verify_checksums: bool = True) -> Engine:
+    """Load an exported bundle (verified: schema, sha256 of every file, drafter/target pairing).
+
+    runtime "ort": onnxruntime over the bundle's graphs (`provider`: cpu | xnnpack | coreml | qnn);
+    runtime "torch": the eager reference, reloading the checkpoints the bundle was exported from (their
+    content hashes must match the manifest). Speculative decoding is on by default when the bundle has a drafter.
+    """
+    _check_runtime(runtime)
+    folder = Path(folder).expanduser()
+    manifest = read_manifest(folder, verify_checksums=verify_checksums)
+    layout = _bundle_layout(manifest, max_context)
+    extra = {"max_draft_len": manifest.max_draft_len, "manifest": manifest}
+    if runtime == "torch":
+        loaded, drafter = _bundle_sources(manifest)
+        return _torch_engine(loaded, drafter, layout, threads, **extra)
+    if manifest.format != "onnx":
+        raise BundleError(f"{folder}: the ort runtime needs an onnx bundle, this one is {manifest.format!r}",
+                          "export with --format onnx")
+    from edge_spec.runtimes.ort import OrtBackend, OrtDrafter, make_session
+
+    tables = {name: read_table(folder, entry) for name, entry in manifest.tables.items()}
+    target = make_session(folder / manifest.graphs["target"].file, provider=provider, threads=threads,
+                          initializers={kv.EMBED_TABLE: tables[kv.EMBED_TABLE]})
+    backend = OrtBackend(target, layout, manifest.vocab_size, manifest.hidden_size)
+    runner = None
+    if manifest.drafter is not None:
+        session = make_session(folder / manifest.graphs["drafter"].file, provider=provider, threads=threads)
+        wanted = {t.name for t in manifest.graphs["drafter"].io.inputs}
+        runner = OrtDrafter(session, backend, {k: int(v) for k, v in manifest.drafter.kv_sharing.items()},
+                            {name: t for name, t in tables.items() if name in wanted},
+                            manifest.drafter.candidates_per_step)
+    return Engine(session=Session(backend), tokenizer=Tokenizer(folder), stop_ids=frozenset(manifest.eos_token_ids),
+                  vocab_size=manifest.vocab_size, drafter=runner, runtime="ort", **extra)
+
+
+def _bundle_sources(manifest: Manifest) -> tuple[LoadedModel, Drafter | None]:
+    """The eager models a bundle was exported from, checked against the manifest's content hashes."""
+    entries = [("target", manifest.target)] + ([("drafter", manifest.drafter)] if manifest.drafter else [])
+    loaded, drafter = None, None
+    for role, entry in entries:
+        if not entry.source or not Path(entry.source).is_dir():
+            raise BundleError(f"the bundle's {role} checkpoint {entry.source or '(exported from memory)'} is not "
+                              "available, so the torch runtime cannot rebuild it", "use runtime 'ort' for this bundle")
+        if role == "target":
+            loaded = load_checkpoint(entry.source)
+            state, raw = loaded.model.state_dict(), loaded.config.raw
+        else:
+            drafter = load_drafter(entry.source)
+            state, raw = drafter.state_dict(), drafter.cfg.raw
+        if content_id(raw, state) != entry.content_sha256:
+            raise BundleError(f"the {role} checkpoint at {entry.source} has changed since this bundle was exported",
+                              "re-export the bundle, or use runtime 'ort'")
+    return loaded, drafter

@@ -29,11 +29,21 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is loaded")
 
 
+DEFAULT_MODEL = "smollm2-135m"
+
+
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m",
+    p.add_argument("--model", default=None,
                    help="built-in name (smollm2-135m) or a Hugging Face checkpoint folder (default smollm2-135m)")
-    p.add_argument("--runtime", default="torch", choices=["torch"], help="execution runtime (default torch)")
-    p.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
+    p.add_argument("--bundle", default=None,
+                   help="an exported bundle folder (edge-spec export) instead of --model; speculative by default "
+                        "when it has a drafter (--no-spec for plain)")
+    p.add_argument("--runtime", default=None, choices=["torch", "ort"],
+                   help="execution runtime (default: ort for --bundle, torch for --model)")
+    p.add_argument("--provider", default="cpu", choices=["cpu", "xnnpack", "coreml", "qnn"],
+                   help="onnxruntime execution provider for --runtime ort (default cpu)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="KV cache size in tokens (default min(2048, model max); a bundle's own by default)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
 
 
@@ -48,6 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quiet", action="store_true", help="print only the final text, no streaming")
     _add_sampling(gen)
     _add_spec(gen)
+    exp = sub.add_parser("export", help="export a target (+ drafter) to a bundle: manifest.json + tokenizer + graphs")
+    exp.add_argument("--model", default=DEFAULT_MODEL,
+                     help="built-in name (smollm2-135m) or a Hugging Face checkpoint folder (default smollm2-135m)")
+    exp.add_argument("--drafter", default=None, help="'builtin' or a drafter folder (default: no drafter)")
+    exp.add_argument("--format", default="onnx", choices=["onnx"], help="artifact format (default onnx)")
+    exp.add_argument("--quant", default="fp32", choices=["fp32", "int8", "int4"],
+                     help="weights: fp32, int8 or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head); default fp32")
+    exp.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
+    exp.add_argument("--max-draft-len", type=int, default=8, help="largest --spec-k the bundle accepts (default 8)")
+    exp.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"],
+                     help="torch.onnx exporter: dynamo (default, faster graphs) or torchscript (exports ~10x faster)")
+    exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
     head = sub.add_parser("bench-head", help="benchmark the clustered vs dense drafter head (Markdown table)")
     head.add_argument("--model", default="smollm2-135m")
     head.add_argument("--hidden-size", type=int, default=256, help="drafter hidden size (default 256)")
@@ -55,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     head.add_argument("--top-k", type=int, default=32, help="clusters kept per step (default 32)")
     head.add_argument("--repeats", type=int, default=50)
     head.add_argument("--json", default=None, help="also write the rows as JSON to this file")
+    from .drafter_cli import add_parsers
+
+    add_parsers(sub)
     return parser
 
 
@@ -64,14 +89,51 @@ def cmd_bench_head(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .api import resolve_drafter
+    from .checkpoints import load as load_checkpoint
+    from .drafter import load_drafter
+    from .exporters.onnx import export_bundle, export_steps
+
+    bar = tqdm(total=export_steps(args.drafter is not None) + 1, desc="export", unit="step", file=sys.stderr,
+               bar_format="{desc}: {n}/{total} {bar} {elapsed} {postfix}")
+
+    def progress(step: str) -> None:
+        bar.set_postfix_str(step)
+        bar.update(1)
+
+    try:
+        progress("loading the checkpoints")
+        drafter_folder = resolve_drafter(args.drafter, args.model) if args.drafter else None
+        drafter = load_drafter(drafter_folder) if drafter_folder else None
+        target = load_checkpoint(args.model)
+        out = export_bundle(target, args.out, drafter=drafter,
+                            drafter_source=str(drafter_folder.resolve()) if drafter_folder else None,
+                            precision=args.quant, max_context=args.max_context, max_draft_len=args.max_draft_len,
+                            exporter=args.exporter, progress=progress)
+        bar.set_postfix_str("done")
+    finally:
+        bar.close()
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"wrote {out} ({size / 1e6:.1f} MB, {args.format} {args.quant}"
+          f"{', with drafter' if drafter is not None else ''})", file=sys.stderr)
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from .api import load
+    from .errors import ConfigError
     from .sampling import SamplingParams
 
     SamplingParams(args.temperature, args.top_k, args.top_p)  # fail on bad values before loading a model
+    if args.bundle is not None and (args.model is not None or args.drafter is not None):
+        raise ConfigError("--bundle cannot be combined with --model or --drafter (a bundle brings its own)",
+                          "drop --model/--drafter, or drop --bundle to run a checkpoint")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    engine = load(args.model, drafter=args.drafter, runtime=args.runtime, max_context=args.max_context,
-                  threads=args.threads)
+    engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime,
+                  max_context=args.max_context, threads=args.threads, bundle=args.bundle, provider=args.provider)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -79,25 +141,32 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     result = engine.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=args.chat,
-                             stream=None if args.quiet else stream, speculative=not args.no_spec if args.drafter else None,
+                             stream=None if args.quiet else stream, speculative=False if args.no_spec else None,
                              spec_k=args.spec_k, adaptive=args.adaptive, min_confidence=args.min_confidence)
     if args.quiet:
         sys.stdout.write(result.text)
     sys.stdout.write("\n")
-    print(f"[{args.runtime}] {result.summary()}", file=sys.stderr)
+    print(f"[{engine.runtime}] {result.summary()}", file=sys.stderr)
     if "spec" in result.extra:
         print(f"[spec k={args.spec_k}{' adaptive' if args.adaptive else ''}] {result.extra['spec'].summary()}",
               file=sys.stderr)
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "bench-head": cmd_bench_head}
+def _commands() -> dict:
+    from .drafter_cli import COMMANDS as drafter_commands
+
+    return {"generate": cmd_generate, "export": cmd_export, "bench-head": cmd_bench_head, **drafter_commands}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "train-drafter":  # long batch work on a shared machine: idle OpenMP threads must
+        import os                         # sleep, not spin (spinning collapses throughput under contention)
+
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
-        return COMMANDS[args.command](args)
+        return _commands()[args.command](args)
     except EdgeSpecError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -38,6 +38,12 @@ class DrafterConfig:
     num_centroids: int  # C (vocab_size % C == 0)
     top_k_clusters: int  # clusters kept per step
     kv_source_layers: dict[str, int] | None = None  # kind -> target layer; None = last cached layer of that kind
+    # "drafter": logits from the drafter's hidden vs its own embedding table (Google's assistants);
+    # "target": logits from the projected hidden [Ht] vs the *target's* output embedding (no table of its own)
+    head_from: str = "drafter"
+    # edge-spec extension: projected = post_projection(h) + input hidden (predict the next target state as a
+    # delta from the current one: logits start at the target's scale, which makes distillation far easier)
+    residual: bool = False
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -47,6 +53,11 @@ class DrafterConfig:
     @property
     def hidden_size(self) -> int:
         return self.layers.hidden_size
+
+    @property
+    def head_dim_in(self) -> int:
+        """Width of the vector the head scores: Ha (own table) or Ht (target's table)."""
+        return self.target_hidden_size if self.head_from == "target" else self.hidden_size
 
     @property
     def candidates_per_step(self) -> int:
@@ -72,8 +83,12 @@ def drafter_config_from_dict(d: dict, source: str = "config.json") -> DrafterCon
     if clustered and stack.vocab_size % centroids:
         raise CheckpointError(f"{source}: vocab_size {stack.vocab_size} is not a multiple of num_centroids {centroids}",
                               "re-cluster the vocabulary into equal-size clusters")
-    sources = (d.get("edge_spec") or {}).get("kv_source_layers")
-    return DrafterConfig(layers=stack, target_hidden_size=int(d.get("backbone_hidden_size", 1536)), clustered=clustered,
+    ours = d.get("edge_spec") or {}
+    sources = ours.get("kv_source_layers")
+    head_from = ours.get("head_from", "drafter")
+    if head_from not in ("drafter", "target"):
+        raise CheckpointError(f"{source}: edge_spec.head_from must be 'drafter' or 'target', got {head_from!r}")
+    return DrafterConfig(head_from=head_from, residual=bool(ours.get("residual", False)), layers=stack, target_hidden_size=int(d.get("backbone_hidden_size", 1536)), clustered=clustered,
                          num_centroids=centroids, top_k_clusters=int(d.get("centroid_intermediate_top_k", 32)),
                          kv_source_layers={k: int(v) for k, v in sources.items()} if sources else None, raw=d)
 
@@ -87,9 +102,10 @@ class DraftOutput(NamedTuple):
 class _Stack(nn.Module):
     """Named `model` in Drafter so parameter names match transformers' assistant checkpoints."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, own_table: bool = True):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # only used as the output head
+        if own_table:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # only used as the output head
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -99,12 +115,12 @@ class ClusteredHead(nn.Module):
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
-        self.centroids = nn.Linear(cfg.hidden_size, cfg.num_centroids, bias=False)
+        self.centroids = nn.Linear(cfg.head_dim_in, cfg.num_centroids, bias=False)
         self.register_buffer("token_ordering", torch.arange(cfg.vocab_size, dtype=torch.long))
         self.num_centroids, self.top_k = cfg.num_centroids, cfg.top_k_clusters
 
     def forward(self, h: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h: [Ha]; table: [V, Ha] -> (ids [k * V/C], logits [k * V/C])."""
+        """h: [d]; table: [V, d] -> (ids [k * V/C], logits [k * V/C])."""
         top = torch.topk(self.centroids(h), self.top_k).indices  # [k]
         ids = self.token_ordering.view(self.num_centroids, -1)[top].reshape(-1)  # [k * V/C]
         return ids, table[ids] @ h
@@ -116,33 +132,49 @@ class Drafter(nn.Module):
         if cfg.layers.family != GEMMA4:
             raise CheckpointError("drafter layers must be gemma4-style blocks")
         self.cfg = cfg
-        self.model = _Stack(cfg.layers)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.model.embed_tokens.weight
+        self.model = _Stack(cfg.layers, own_table=cfg.head_from == "drafter")
+        if cfg.head_from == "drafter":
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head.weight = self.model.embed_tokens.weight
         self.pre_projection = nn.Linear(2 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.post_projection = nn.Linear(cfg.hidden_size, cfg.target_hidden_size, bias=False)
         self.masked_embedding = ClusteredHead(cfg) if cfg.clustered else None
         for kind, spec in cfg.layers.rope.items():
             self.register_buffer(f"inv_freq_{kind}", torch.from_numpy(spec.inv_freq()), persistent=False)
 
-    def forward(self, token_embed: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                masks: dict[str, torch.Tensor], kv: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> DraftOutput:
-        """token_embed, hidden: [1, 1, Ht]; position_ids: [1, 1]; masks: kind -> [1, 1, 1, S_kind];
-        kv: kind -> (k, v) target cache [1, H_kv, S_kind, D] of the source layer of that kind."""
-        x = self.pre_projection(torch.cat([token_embed, hidden], dim=-1))  # [1, 1, Ha]
+    def states(self, token_embed: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+               masks: dict[str, torch.Tensor], kv: dict[str, tuple[torch.Tensor, torch.Tensor]]):
+        """Batched core of a draft step (training runs many anchors at once as N query rows).
+
+        token_embed, hidden: [B, N, Ht]; position_ids: [B, N]; masks: kind -> [B|1, 1, N, S];
+        kv: kind -> (k, v) [B, H_kv, S, D]. Returns (h [B, N, Ha] after the final norm, projected [B, N, Ht])."""
+        x = self.pre_projection(torch.cat([token_embed, hidden], dim=-1))
         cfg = self.cfg.layers
         rope = {kind: rope_cos_sin(position_ids, getattr(self, f"inv_freq_{kind}")) for kind in cfg.rope}
         shared = dict(kv)  # REUSE layers read shared[kind]
         for layer, block in enumerate(self.model.layers):
             kind = cfg.layer_kinds[layer]
             x, _ = block(x, *rope[kind], masks[kind], None, None, shared, None)
-        h = self.model.norm(x)  # [1, 1, Ha]
-        flat = h[0, 0]
-        if self.masked_embedding is not None:
-            ids, logits = self.masked_embedding(flat, self.lm_head.weight)
+        h = self.model.norm(x)
+        projected = self.post_projection(h)
+        return h, projected + hidden if self.cfg.residual else projected
+
+    def forward(self, token_embed: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                masks: dict[str, torch.Tensor], kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                target_table: torch.Tensor | None = None) -> DraftOutput:
+        """token_embed, hidden: [1, 1, Ht]; position_ids: [1, 1]; masks: kind -> [1, 1, 1, S_kind];
+        kv: kind -> (k, v) target cache [1, H_kv, S_kind, D] of the source layer of that kind;
+        target_table: the target's output embedding [V, Ht] (needed when head_from == "target")."""
+        h, projected = self.states(token_embed, hidden, position_ids, masks, kv)  # [1, 1, Ha], [1, 1, Ht]
+        if self.cfg.head_from == "target":
+            flat, table = projected[0, 0], target_table
         else:
-            ids, logits = torch.arange(self.cfg.vocab_size), self.lm_head(flat)
-        return DraftOutput(ids, logits.float(), self.post_projection(h))
+            flat, table = h[0, 0], self.lm_head.weight
+        if self.masked_embedding is not None:
+            ids, logits = self.masked_embedding(flat, table)
+        else:
+            ids, logits = torch.arange(self.cfg.vocab_size), table @ flat
+        return DraftOutput(ids, logits.float(), projected)
 
 
 # ---- pairing with a target -----------------------------------------------------------------------
@@ -234,7 +266,8 @@ def load_drafter(folder: str | Path) -> Drafter:
 # ---- creating and saving (our own drafters use Google's assistant file format) -------------------
 def drafter_config_dict(target: ModelConfig, *, hidden_size: int = 256, num_layers: int = 2, num_heads: int | None = None,
                         intermediate_size: int = 1024, clustered: bool = True, num_centroids: int = 1024,
-                        top_k_clusters: int = 32, source_layers: dict[str, int] | None = None) -> dict:
+                        top_k_clusters: int = 32, source_layers: dict[str, int] | None = None,
+                        head_from: str = "drafter", residual: bool = False) -> dict:
     """A `gemma4_assistant` config.json for a new drafter of `target` (layers read the target's last
     cached layer of each kind; the last drafter layer is full attention, the others follow the target's kinds)."""
     kinds = ["sliding" if "sliding" in target.layer_kinds and i < num_layers - 1 else "full" for i in range(num_layers)]
@@ -258,7 +291,7 @@ def drafter_config_dict(target: ModelConfig, *, hidden_size: int = 256, num_laye
     return {"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"], "text_config": text,
             "backbone_hidden_size": target.hidden_size, "use_ordered_embeddings": clustered,
             "num_centroids": num_centroids, "centroid_intermediate_top_k": top_k_clusters, "tie_word_embeddings": True,
-            "edge_spec": {"kv_source_layers": source_layers} if source_layers else {}}
+            "edge_spec": {"head_from": head_from, "residual": residual, **({"kv_source_layers": source_layers} if source_layers else {})}}
 
 
 def new_drafter(target: ModelConfig, seed: int = 0, **kwargs) -> Drafter:

@@ -33,3 +33,7 @@ class KVStateError(EdgeSpecError):
 
 class BundleError(EdgeSpecError):
     """An exported bundle is corrupt, truncated, or does not match what it claims."""
+
+
+class ExportError(EdgeSpecError):
+    """An exporter could not turn a model into an artifact that honours the KV contract."""

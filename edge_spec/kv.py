@@ -56,6 +56,26 @@ def v_new_name(layer: int) -> str:
     return f"v_new.{layer}"
 
 
+# drafter step graph (one draft step; it reads the target's caches under the target's names k_cache.{l})
+EMBED_TABLE = "embed_table"  # [V, Ht] float32: the target's input embedding table (unscaled), shared, not copied
+OUTPUT_TABLE = "output_table"  # [V, Ht] float32: the target's output table, only when untied and head_from="target"
+DRAFT_TOKEN_IDS = "draft_token_ids"  # [N] int64 candidate ids (N = candidates per step)
+DRAFT_LOGITS = "draft_logits"  # [N] float32
+DRAFT_HIDDEN = "draft_hidden"  # [1, 1, Ht] float32, the `hidden` input of the next draft step
+
+# symbolic dims (exported graphs, manifest)
+T_DIM = "T"  # new tokens in one forward
+
+
+def slots_dim(kind: str) -> str:
+    """Symbolic cache length of one kind: `io` graphs take any slot prefix that holds every visible key."""
+    return f"S_{kind}"
+
+
+def mask_cols_dim(kind: str) -> str:
+    return f"{slots_dim(kind)}+{T_DIM}"
+
+
 # ---- layout ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CacheSpec:
@@ -91,6 +111,11 @@ class KVLayout:
         return {"max_context": self.max_context,
                 "caches": [c.__dict__ | {"shape": list(c.shape)} for c in self.caches]}
 
+    @staticmethod
+    def from_json(d: dict) -> "KVLayout":
+        fields = ("layer", "kind", "num_kv_heads", "head_dim", "slots", "window")
+        return KVLayout(tuple(CacheSpec(**{f: c[f] for f in fields}) for c in d["caches"]), int(d["max_context"]))
+
 
 def ring_slots(window: int, max_context: int) -> int:
     """Slots for a sliding layer under `io` binding: W + 1, never more than the context.
@@ -104,6 +129,61 @@ def ring_slots(window: int, max_context: int) -> int:
 def drafter_window(window: int | None) -> int | None:
     """The drafter's query at position p sees sliding keys at p - W - 1 .. p - 1 (attention_mask semantics)."""
     return None if window is None else window + 2
+
+
+# ---- graph IO tables: the order and shapes every exporter, manifest and runtime use -----------------
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # "int64" | "float32"
+    shape: tuple[int | str, ...]  # ints, or symbolic dim names (T_DIM, slots_dim(kind), ...)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @staticmethod
+    def from_json(d: dict) -> "TensorSpec":
+        return TensorSpec(d["name"], d["dtype"], tuple(d["shape"]))
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+def _cache_specs(caches, names) -> list[TensorSpec]:
+    return [TensorSpec(name(c.layer), "float32", (1, c.num_kv_heads, slots_dim(c.kind), c.head_dim))
+            for c in caches for name in names]
+
+
+def target_io(layout: KVLayout, vocab_size: int, hidden_size: int) -> GraphIO:
+    """Target prefill/verify/decode graph (`io` binding): T new tokens over the caches -> logits, hidden, new rows."""
+    t = T_DIM
+    inputs = [TensorSpec(INPUT_IDS, "int64", (1, t)), TensorSpec(POSITION_IDS, "int64", (1, t))]
+    inputs += [TensorSpec(mask_name(kind), "float32", (1, 1, t, mask_cols_dim(kind))) for kind in layout.kinds()]
+    inputs += _cache_specs(layout.caches, (k_cache_name, v_cache_name))
+    outputs = [TensorSpec(LOGITS, "float32", (1, t, vocab_size)), TensorSpec(HIDDEN, "float32", (1, t, hidden_size))]
+    outputs += [TensorSpec(name(c.layer), "float32", (1, c.num_kv_heads, t, c.head_dim))
+                for c in layout.caches for name in (k_new_name, v_new_name)]
+    return GraphIO(tuple(inputs), tuple(outputs))
+
+
+def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, target_hidden: int, candidates: int,
+               output_table: bool) -> GraphIO:
+    """Drafter step graph: (last token, hidden, position, masks, source-layer caches, tables) -> candidates, hidden."""
+    by_layer = {c.layer: c for c in layout.caches}
+    kinds = sorted(sources)
+    inputs = [TensorSpec(INPUT_IDS, "int64", (1, 1)), TensorSpec(HIDDEN, "float32", (1, 1, target_hidden)),
+              TensorSpec(POSITION_IDS, "int64", (1, 1))]
+    inputs += [TensorSpec(mask_name(kind), "float32", (1, 1, 1, slots_dim(kind))) for kind in kinds]
+    inputs += _cache_specs([by_layer[sources[kind]] for kind in kinds], (k_cache_name, v_cache_name))
+    inputs.append(TensorSpec(EMBED_TABLE, "float32", (vocab_size, target_hidden)))
+    if output_table:
+        inputs.append(TensorSpec(OUTPUT_TABLE, "float32", (vocab_size, target_hidden)))
+    outputs = [TensorSpec(DRAFT_TOKEN_IDS, "int64", (candidates,)), TensorSpec(DRAFT_LOGITS, "float32", (candidates,)),
+               TensorSpec(DRAFT_HIDDEN, "float32", (1, 1, target_hidden))]
+    return GraphIO(tuple(inputs), tuple(outputs))
 
 
 # ---- pure functions ----------------------------------------------------------------------------

@@ -49,21 +49,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """x: [1, T, H, D], rotate-half convention (Hugging Face layout)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return (x * cos + rotated * sin).type_as(x)  # cos/sin stay fp32; a bf16 teacher keeps bf16 activations
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [1, H, T, D]; k, v: [1, H_kv, S, D]; mask: [1, 1, T, S] additive -> [1, T, H * D].
+    """q: [B, H, T, D]; k, v: [B, H_kv, S, D]; mask: [B or 1, 1, T, S] additive -> [B, T, H * D].
 
-    Grouped-query attention without copying K/V: query heads are folded to [1, H_kv, G, T, D].
+    Grouped-query attention without copying K/V: query heads are folded to [B, H_kv, G, T, D].
+    (Runtimes use B = 1; training and teacher passes batch sequences.)
     """
-    _, h, t, d = q.shape
+    b, h, t, d = q.shape
     h_kv = k.shape[1]
-    qg = q.reshape(1, h_kv, h // h_kv, t, d)
-    scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # [1, H_kv, G, T, S]
+    qg = q.reshape(b, h_kv, h // h_kv, t, d)
+    scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # [B, H_kv, G, T, S]
     probs = torch.softmax(scores.float() + mask.unsqueeze(1), dim=-1).type_as(q)
-    out = torch.matmul(probs, v.unsqueeze(2))  # [1, H_kv, G, T, D]
-    return out.reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
+    out = torch.matmul(probs, v.unsqueeze(2))  # [B, H_kv, G, T, D]
+    return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
 
 
 class Attention(nn.Module):
@@ -93,8 +94,8 @@ class Attention(nn.Module):
 
         Returns (out [1, T, H], new rows (k, v) [1, H_kv, T, D] or None).
         """
-        t = x.shape[1]
-        q = self.q_proj(x).view(1, t, -1, self.head_dim)
+        b, t = x.shape[:2]
+        q = self.q_proj(x).view(b, t, -1, self.head_dim)
         if self.gemma:
             q = self.q_norm(q)
         q = apply_rope(q, cos, sin).transpose(1, 2)  # [1, H, T, D]
@@ -102,8 +103,8 @@ class Attention(nn.Module):
         if self.reuses_kv:
             k_all, v_all = shared[self.kind]
         else:
-            k = self.k_proj(x).view(1, t, -1, self.head_dim)
-            v = self.v_proj(x).view(1, t, -1, self.head_dim) if self.v_proj is not None else k
+            k = self.k_proj(x).view(b, t, -1, self.head_dim)
+            v = self.v_proj(x).view(b, t, -1, self.head_dim) if self.v_proj is not None else k
             if self.gemma:
                 k, v = self.k_norm(k), self.v_norm(v)
             k = apply_rope(k, cos, sin).transpose(1, 2)  # [1, H_kv, T, D]
@@ -251,7 +252,8 @@ class Transformer(nn.Module):
         return (proj + table.reshape(*x.shape[:-1], n, p)) * 2 ** -0.5
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict[str, torch.Tensor],
-                k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], last_only: bool = False) -> ModelOutput:
+                k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], last_only: bool = False,
+                with_logits: bool = True) -> ModelOutput:
         """input_ids, position_ids: [1, T]; masks: kind -> [1, 1, T, S_kind + T];
         k_caches[i], v_caches[i]: [1, H_kv, S, D] for cached layer i (cfg.cached_layers() order)."""
         x = self.embed(input_ids)  # [1, T, H]
@@ -272,6 +274,8 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1:]
         hidden = self.model.norm(x)
+        if not with_logits:  # teacher passes that only need hidden states / K/V
+            return ModelOutput(hidden[..., :0], hidden, new_k, new_v)
         logits = self.lm_head(hidden)
         cap = self.cfg.final_logit_softcapping
         if cap:

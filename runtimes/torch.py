@@ -87,5 +87,6 @@ class TorchDrafter:
 
         position_ids, masks, kv = self._burst
         embed = self.target.model.embed(torch.tensor([[token]]))  # [1, 1, Ht]
-        out = self.drafter(embed, torch.from_numpy(hidden).view(1, 1, -1), position_ids, masks, kv)
+        out = self.drafter(embed, torch.from_numpy(hidden).view(1, 1, -1), position_ids, masks, kv,
+                           self.target.model.lm_head.weight)
         return DraftStep(out.token_ids.numpy(), out.logits.numpy(), out.hidden[0, 0].numpy())

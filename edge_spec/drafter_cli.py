@@ -1,0 +1,87 @@
+"""CLI subcommands for drafters: `train-drafter` and `eval-drafter` (registered into edge_spec.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    tr = sub.add_parser("train-drafter", help="train an MTP drafter for a target (distillation from its hidden states)")
+    tr.add_argument("--target", default="smollm2-135m", help="built-in name or HF folder of the target")
+    tr.add_argument("--data", nargs="+", default=["debian-docs", "stdlib", "chat"],
+                    help="built-in sources (debian-docs, stdlib, chat) and/or text files/folders")
+    tr.add_argument("--out", required=True, help="drafter folder to write (work files go to OUT.work/)")
+    tr.add_argument("--work", default=None, help="cache folder for corpora/shards/checkpoints (default OUT.work)")
+    tr.add_argument("--max-tokens", type=int, default=400_000, help="training tokens (regenerated chat included)")
+    tr.add_argument("--max-chat-prompts", type=int, default=None, help="limit regenerated chat prompts")
+    tr.add_argument("--regen-text", type=int, default=200, help="document openings the target continues (regenerated)")
+    tr.add_argument("--regen-tokens", type=int, default=128, help="new tokens per regenerated answer/continuation")
+    tr.add_argument("--regen-batch", type=int, default=16, help="prompts generated at once (bf16 CPU sweet spot: 16)")
+    tr.add_argument("--epochs", type=float, default=1.0)
+    tr.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
+    tr.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
+    tr.add_argument("--lr", type=float, default=2e-3)
+    tr.add_argument("--batch-seqs", type=int, default=4, help="sequences of 256 tokens per step")
+    tr.add_argument("--steps-ahead", type=int, default=3, help="MTP depth trained (drafter feeds itself back)")
+    tr.add_argument("--hidden-size", type=int, default=256)
+    tr.add_argument("--layers", type=int, default=2)
+    tr.add_argument("--intermediate-size", type=int, default=1024)
+    tr.add_argument("--centroids", type=int, default=1024, help="vocabulary clusters")
+    tr.add_argument("--top-k-clusters", type=int, default=32)
+    tr.add_argument("--head-from", choices=["target", "drafter"], default="target",
+                    help="score tokens with the target's own output embedding (default) or a table of the drafter's")
+    tr.add_argument("--seed", type=int, default=0)
+
+    ev = sub.add_parser("eval-drafter", help="speculative generation over JSONL prompts: tau, acceptance by position")
+    ev.add_argument("--model", default="smollm2-135m")
+    ev.add_argument("--drafter", default="builtin", help="'builtin' or a drafter folder")
+    ev.add_argument("--prompts", default=None, help="JSONL prompts (default: the shipped held-out set)")
+    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--spec-k", type=int, nargs="+", default=[4], help="one or more k values")
+    ev.add_argument("--temperature", type=float, nargs="+", default=[0.0], help="one or more temperatures")
+    ev.add_argument("--json", default=None, help="write the results (a list, one object per k x temperature)")
+    ev.add_argument("--threads", type=int, default=None)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .checkpoints import load
+    from .train.pipeline import run
+    from .train.trainer import TrainConfig
+
+    cfg = TrainConfig(steps_ahead=args.steps_ahead, optimizer=args.optimizer, lr=args.lr, batch_seqs=args.batch_seqs,
+                      epochs=args.epochs, seed=args.seed)
+    report = run(load(args.target), Path(args.out), data=args.data, max_tokens=args.max_tokens,
+                 max_chat_prompts=args.max_chat_prompts, max_regen_text=args.regen_text, chat_max_new=args.regen_tokens,
+                 chat_batch=args.regen_batch, hidden_size=args.hidden_size, num_layers=args.layers,
+                 intermediate_size=args.intermediate_size, num_centroids=args.centroids,
+                 top_k_clusters=args.top_k_clusters, head_from=args.head_from, train_cfg=cfg, max_steps=args.max_steps,
+                 work=Path(args.work) if args.work else None)
+    print(json.dumps({k: report[k] for k in ("steps", "data", "drafter", "held_out", "total_seconds") if k in report},
+                     indent=2, default=float))
+    print(f"drafter written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .api import load
+    from .train.evaluate import DEFAULT_PROMPTS, evaluate, read_prompts
+
+    prompts = read_prompts(Path(args.prompts) if args.prompts else DEFAULT_PROMPTS)
+    engine = load(args.model, drafter=args.drafter, threads=args.threads)
+    results = []
+    for temperature in args.temperature:
+        for k in args.spec_k:
+            r = evaluate(engine, prompts, k=k, temperature=temperature, max_new_tokens=args.max_new_tokens)
+            results.append(r)
+            acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
+            kinds = " ".join(f"{name}={v['tau']:.2f}" for name, v in sorted(r["by_kind"].items()))
+            print(f"k={k} T={temperature}: tau {r['tau']:.2f} | accept by pos [{acc}] | by kind: {kinds}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+COMMANDS = {"train-drafter": cmd_train, "eval-drafter": cmd_eval}

@@ -1,0 +1,327 @@
+"""The bundle manifest (`bundle/manifest.json`): the only thing runtimes and demo apps read.
+
+A bundle is a folder: manifest.json + tokenizer files + one folder per format (onnx/*.onnx, ...).
+The manifest names every artifact with its sha256, every graph with its ordered IO (name, dtype,
+shape with symbolic dims), the KV layout and binding, the drafter's `kv_sharing` (kind -> target
+layer), vocabulary and special tokens, chat template, max context, max draft length and precision.
+
+Writing is atomic (`write_bundle`: build in a temp sibling folder, write manifest.json last, then
+rename), so an interrupted export never leaves a folder that loads. Reading (`read_manifest`)
+verifies the schema, every checksum and the drafter/target pairing, and raises `BundleError`
+naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .errors import BundleError
+from .kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, target_io
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")  # copied when present
+BINDING_IO = "io"
+PRECISIONS = ("fp32", "int8", "int4")
+_HASH_CHUNK = 1 << 22
+
+
+# ---- identities and checksums ------------------------------------------------------------------------
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_id(config: dict, state: dict) -> str:
+    """Identity of a model: sha256 over its config (canonical JSON) and every tensor (name, dtype, shape, bytes)."""
+    import torch  # only exporters and the eager runtime hash weights
+
+    h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    for name in sorted(state):
+        t = state[name].detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(memoryview(t.view(-1).view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
+# ---- the manifest ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GraphEntry:
+    file: str  # relative to the bundle root
+    precision: str
+    io: GraphIO
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "precision": self.precision,
+                "inputs": [t.to_json() for t in self.io.inputs], "outputs": [t.to_json() for t in self.io.outputs]}
+
+    @staticmethod
+    def from_json(d: dict) -> "GraphEntry":
+        io = GraphIO(tuple(TensorSpec.from_json(t) for t in d["inputs"]),
+                     tuple(TensorSpec.from_json(t) for t in d["outputs"]))
+        return GraphEntry(d["file"], d["precision"], io)
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """A raw little-endian array shared by several graphs (bound as an input / initializer, never copied)."""
+
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @staticmethod
+    def from_json(d: dict) -> "TableEntry":
+        return TableEntry(d["file"], d["dtype"], tuple(int(x) for x in d["shape"]))
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str  # what the user passed (built-in name or folder)
+    content_sha256: str  # content_id of config + weights
+    config: dict  # the checkpoint's config.json
+    source: str | None = None  # folder to reload eager weights from (runtime "torch"); None if exported from memory
+
+
+@dataclass(frozen=True)
+class DrafterEntry(ModelEntry):
+    target_content_sha256: str = ""  # the target it was exported against
+    kv_sharing: dict = field(default_factory=dict)  # kind -> target layer whose cache it reads
+    head_from: str = "drafter"
+    candidates_per_step: int = 0
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format: str  # "onnx"
+    precision: str  # fp32 | int8 | int4
+    target: ModelEntry
+    drafter: DrafterEntry | None
+    layout: KVLayout
+    binding: str
+    vocab_size: int
+    hidden_size: int
+    embed_scale: float
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+    chat_template: str | None
+    tokenizer_files: tuple[str, ...]
+    max_draft_len: int
+    graphs: dict[str, GraphEntry]  # "target", "drafter"
+    tables: dict[str, TableEntry]  # kv.EMBED_TABLE, kv.OUTPUT_TABLE
+    files: dict[str, dict] = field(default_factory=dict)  # relative path -> {"sha256", "bytes"}
+    created_by: str = ""
+
+    @property
+    def max_context(self) -> int:
+        return self.layout.max_context
+
+    def to_json(self) -> dict:
+        d = {"schema_version": SCHEMA_VERSION, "created_by": self.created_by, "format": self.format,
+             "precision": self.precision,
+             "target": _model_json(self.target), "drafter": _model_json(self.drafter) if self.drafter else None,
+             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "embed_scale": self.embed_scale,
+             "tokenizer": {"files": list(self.tokenizer_files), "bos_token_id": self.bos_token_id,
+                           "eos_token_ids": list(self.eos_token_ids), "pad_token_id": self.pad_token_id,
+                           "chat_template": self.chat_template},
+             "max_context": self.max_context, "max_draft_len": self.max_draft_len,
+             "kv": {"binding": self.binding, "layout": self.layout.to_json()},
+             "graphs": {k: g.to_json() for k, g in self.graphs.items()},
+             "tables": {k: t.to_json() for k, t in self.tables.items()},
+             "files": self.files}
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "Manifest":
+        tok = d["tokenizer"]
+        drafter = d.get("drafter")
+        return Manifest(
+            format=d["format"], precision=d["precision"], target=ModelEntry(**d["target"]),
+            drafter=DrafterEntry(**drafter) if drafter else None,
+            layout=KVLayout.from_json(d["kv"]["layout"]), binding=d["kv"]["binding"], vocab_size=int(d["vocab_size"]),
+            hidden_size=int(d["hidden_size"]), embed_scale=float(d["embed_scale"]), bos_token_id=tok["bos_token_id"],
+            eos_token_ids=tuple(tok["eos_token_ids"]), pad_token_id=tok["pad_token_id"],
+            chat_template=tok["chat_template"], tokenizer_files=tuple(tok["files"]),
+            max_draft_len=int(d["max_draft_len"]),
+            graphs={k: GraphEntry.from_json(g) for k, g in d["graphs"].items()},
+            tables={k: TableEntry.from_json(t) for k, t in d["tables"].items()},
+            files=dict(d["files"]), created_by=d.get("created_by", ""))
+
+
+def _model_json(m: ModelEntry) -> dict:
+    return dict(m.__dict__)
+
+
+# ---- writing (atomic) --------------------------------------------------------------------------------
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _check_replaceable(out: Path) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise BundleError(f"{out} exists and is a file", "choose another --out folder")
+    if any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise BundleError(f"{out} exists, is not empty and holds no {MANIFEST}: refusing to overwrite it",
+                          "choose another --out folder, or delete that folder first")
+
+
+def write_bundle(out: str | Path, build: Callable[[Path], Manifest]) -> Path:
+    """Build a bundle into a temp sibling folder, record sizes + sha256 of every file, write manifest.json
+    last, then move it into place. `build(tmp)` writes the artifacts and returns the manifest (files empty).
+
+    If anything fails (or the process dies) `out` is either the previous bundle or absent, never half-written.
+    """
+    out = Path(out).expanduser().resolve()
+    _check_replaceable(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{out.name}.tmp-"
+    for stale in out.parent.glob(prefix + "*"):  # left by a killed export
+        suffix = stale.name[len(prefix):]
+        if suffix.isdigit() and not _pid_alive(int(suffix)):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f"{prefix}{os.getpid()}"
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        manifest = build(tmp)
+        files = {}
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            rel = path.relative_to(tmp).as_posix()
+            files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+        data = manifest.to_json()
+        data["files"] = files
+        with open(tmp / MANIFEST, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# ---- reading (verified) ------------------------------------------------------------------------------
+_REEXPORT = "re-run `edge-spec export` into a fresh --out folder"
+
+
+def read_manifest(folder: str | Path, *, verify_checksums: bool = True) -> Manifest:
+    """Load and verify a bundle's manifest: schema, file sizes and sha256, graph IO vs the KV contract,
+    and the drafter/target pairing. Raises BundleError saying which file or field is wrong."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise BundleError(f"bundle folder {folder} does not exist", "pass the --out folder of `edge-spec export`")
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise BundleError(f"{path} is missing: {folder} is not a bundle (or its export was interrupted)", _REEXPORT)
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BundleError(f"{path} is not valid JSON ({err})", _REEXPORT) from err
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if version != SCHEMA_VERSION:
+        raise BundleError(f"{path}: schema_version {version!r}, this edge-spec reads version {SCHEMA_VERSION}",
+                          "re-export the bundle with this edge-spec version (or install the version that wrote it)")
+    try:
+        manifest = Manifest.from_json(raw)
+    except (KeyError, TypeError, ValueError) as err:
+        raise BundleError(f"{path}: missing or malformed field {err}", _REEXPORT) from err
+    _verify_files(folder, manifest, verify_checksums)
+    _verify_contract(manifest, path)
+    return manifest
+
+
+def _verify_files(folder: Path, m: Manifest, checksums: bool) -> None:
+    for rel, entry in m.files.items():
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise BundleError(f"{folder / MANIFEST}: file entry {rel!r} points outside the bundle", _REEXPORT)
+        if not isinstance(entry, dict) or not {"sha256", "bytes"} <= entry.keys():
+            raise BundleError(f"{folder / MANIFEST}: file entry {rel!r} lacks sha256/bytes", _REEXPORT)
+    referenced = [g.file for g in m.graphs.values()] + [t.file for t in m.tables.values()] + list(m.tokenizer_files)
+    for rel in referenced:
+        if rel not in m.files:
+            raise BundleError(f"{folder / MANIFEST}: {rel} is used but has no checksum entry", _REEXPORT)
+    for rel, entry in m.files.items():
+        path = folder / rel
+        if not path.is_file():
+            raise BundleError(f"{path} is missing from the bundle", "copy the whole bundle folder, or " + _REEXPORT)
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise BundleError(f"{path} is truncated or altered: {size} bytes, the manifest says {entry['bytes']}",
+                              "copy the file again from the original bundle, or " + _REEXPORT)
+        if checksums and sha256_file(path) != entry["sha256"]:
+            raise BundleError(f"{path} is corrupt: its sha256 does not match the manifest",
+                              "copy the file again from the original bundle, or " + _REEXPORT)
+
+
+def _verify_contract(m: Manifest, path: Path) -> None:
+    if m.binding != BINDING_IO:
+        raise BundleError(f"{path}: KV binding {m.binding!r} is not supported by this runtime (expected 'io')", _REEXPORT)
+    if m.precision not in PRECISIONS:
+        raise BundleError(f"{path}: unknown precision {m.precision!r}", _REEXPORT)
+    if "target" not in m.graphs:
+        raise BundleError(f"{path}: the bundle has no target graph", _REEXPORT)
+    _same_io(f"{path}: target graph", m.graphs["target"].io, target_io(m.layout, m.vocab_size, m.hidden_size))
+    if m.drafter is None:
+        if "drafter" in m.graphs:
+            raise BundleError(f"{path}: a drafter graph is listed without a drafter entry", _REEXPORT)
+        return
+    d = m.drafter
+    if d.target_content_sha256 != m.target.content_sha256:
+        raise BundleError(f"{path}: the drafter was exported for target {d.target_content_sha256[:12]}, "
+                          f"this bundle's target is {m.target.content_sha256[:12]} (a drafter from another target)",
+                          "export the drafter together with its own target: edge-spec export --model M --drafter D")
+    cached = {c.layer: c for c in m.layout.caches}
+    for kind, layer in d.kv_sharing.items():
+        spec = cached.get(int(layer))
+        if spec is None or spec.kind != kind:
+            raise BundleError(f"{path}: drafter kv_sharing {kind} -> layer {layer}, but the target has no cached "
+                              f"{kind} layer {layer}", "pair the drafter with the target it was trained for")
+    if "drafter" not in m.graphs:
+        raise BundleError(f"{path}: the drafter entry has no drafter graph", _REEXPORT)
+    expected = drafter_io(m.layout, {k: int(v) for k, v in d.kv_sharing.items()}, m.vocab_size, m.hidden_size,
+                          d.candidates_per_step, output_table=OUTPUT_TABLE in m.tables)
+    _same_io(f"{path}: drafter graph", m.graphs["drafter"].io, expected)
+
+
+def _same_io(where: str, got: GraphIO, want: GraphIO) -> None:
+    for role, a, b in (("input", got.inputs, want.inputs), ("output", got.outputs, want.outputs)):
+        if len(a) != len(b):
+            raise BundleError(f"{where} has {len(a)} {role}s, the KV contract expects {len(b)}", _REEXPORT)
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                raise BundleError(f"{where} {role} {i} is {x.name} {x.dtype}{list(x.shape)}, the KV contract "
+                                  f"expects {y.name} {y.dtype}{list(y.shape)}", _REEXPORT)
+
+
+def read_table(folder: Path, entry: TableEntry) -> np.ndarray:
+    """Memory-map a shared table (read-only; every graph that needs it binds this one buffer)."""
+    return np.memmap(Path(folder) / entry.file, dtype=np.dtype(entry.dtype).newbyteorder("<"), mode="r",
+                     shape=entry.shape)

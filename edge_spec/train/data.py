@@ -1,0 +1,140 @@
+"""Training text: local corpora only (no hubs), split deterministically into train and held-out.
+
+Sources (see docs/drafter.md for licences):
+  * Debian `python3.11-doc` and `linux-doc-6.1`: reStructuredText sources of the Python and Linux docs
+    (`fetch_debian_docs` downloads the .deb files with apt and unpacks them; nothing is installed);
+  * the Python standard library source of the running interpreter (code);
+  * regenerated chat: the target's own answers to prompts built from topic lists (`chat_prompts`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sysconfig
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+from ..errors import ConfigError
+
+DEBIAN_PACKAGES = ("python3.11-doc", "linux-doc-6.1")
+TEXT_SUFFIXES = (".rst.txt", ".txt", ".rst", ".md", ".py")
+HELD_OUT_PERCENT = 5
+
+
+class Document(NamedTuple):
+    path: str
+    kind: str  # "docs" | "code" | "chat"
+    text: str
+
+
+def is_held_out(key: str, percent: int = HELD_OUT_PERCENT) -> bool:
+    """Deterministic split by a hash of the file path / prompt: never trained on, used for evaluation."""
+    return int(hashlib.sha1(key.encode()).hexdigest(), 16) % 100 < percent
+
+
+def fetch_debian_docs(cache: Path) -> list[Path]:
+    """Download and unpack the Debian doc packages into `cache` (apt-get download + dpkg-deb -x)."""
+    roots = []
+    for package in DEBIAN_PACKAGES:
+        root = cache / package
+        if not (root / ".complete").exists():
+            root.mkdir(parents=True, exist_ok=True)
+            try:
+                subprocess.run(["apt-get", "download", package], cwd=root, check=True, capture_output=True)
+                deb = next(root.glob("*.deb"))
+                subprocess.run(["dpkg-deb", "-x", str(deb), str(root / "files")], check=True, capture_output=True)
+                deb.unlink()
+            except (OSError, subprocess.CalledProcessError, StopIteration) as err:
+                raise ConfigError(f"could not fetch Debian package {package}: {err}",
+                                  "run on Debian/Ubuntu with apt, or pass --data with your own text folders") from err
+            (root / ".complete").touch()
+        roots.append(root / "files")
+    return roots
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _kind(path: Path) -> str:
+    return "code" if path.suffix == ".py" else "docs"
+
+
+def iter_documents(roots: list[Path], *, held_out: bool, min_chars: int = 200,
+                   max_bytes: int = 400_000) -> Iterator[Document]:
+    """Text files under `roots` (sorted, so every run sees the same order), train or held-out part."""
+    for root in roots:
+        root = Path(root)
+        if not root.exists():
+            raise ConfigError(f"data path {root} does not exist", "pass existing files or folders to --data")
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()
+                                                     and p.name.endswith(TEXT_SUFFIXES)
+                                                     and "test" not in p.parts and "site-packages" not in p.parts)
+        for path in files:
+            if is_held_out(str(path.relative_to(root) if path != root else path.name)) != held_out:
+                continue
+            if path.stat().st_size > max_bytes:
+                continue
+            text = path.read_text(errors="ignore")
+            if len(text) >= min_chars:
+                yield Document(str(path), _kind(path), text)
+
+
+# ---- chat prompts (for regenerated data and for the chat evaluation set) ------------------------------
+_TEMPLATES = (
+    "Explain what the Python module `{topic}` is used for, with a short example.",
+    "Write a small Python function that uses `{topic}` and explain how it works.",
+    "What are common mistakes when using `{topic}` in Python?",
+    "Summarise the key ideas of {topic} in a few sentences.",
+    "How would you explain {topic} to a beginner?",
+    "Give three practical tips about {topic}.",
+    "Compare {topic} with an alternative and say when to use each.",
+    "Write a step-by-step guide about {topic}.",
+)
+_GENERAL_TOPICS = (
+    "recursion", "hash tables", "binary search", "unit testing", "version control with git", "regular expressions",
+    "HTTP requests", "JSON parsing", "file permissions on Linux", "memory management", "virtual environments",
+    "sorting algorithms", "exceptions", "list comprehensions", "decorators", "generators", "type hints",
+    "the Linux scheduler", "device drivers", "interrupt handling", "page tables", "system calls", "shell scripting",
+    "SQL joins", "caching", "concurrency", "threads and processes", "sockets", "command-line arguments",
+    "logging", "dates and time zones", "floating-point numbers", "Unicode text", "data classes", "iterators",
+    "the Python GIL", "big-O notation", "linked lists", "graphs", "dynamic programming", "code review",
+    "writing documentation", "healthy sleep", "learning a language", "planning a trip", "saving money",
+    "photosynthesis", "the water cycle", "climate change", "the solar system", "the French Revolution",
+)
+
+
+def chat_prompts(extra_topics: list[str], *, held_out: bool) -> list[str]:
+    """Prompts = templates x topics (stdlib module names + general topics), split by hash."""
+    prompts = []
+    for i, topic in enumerate(sorted(set(_GENERAL_TOPICS) | set(extra_topics))):
+        for template in (_TEMPLATES[i % len(_TEMPLATES)], _TEMPLATES[(i + 3) % len(_TEMPLATES)]):
+            prompt = template.format(topic=topic)
+            if is_held_out(topic, 10) == held_out:  # split by topic: held-out topics are never seen
+                prompts.append(prompt)
+    return prompts
+
+
+def stdlib_module_names() -> list[str]:
+    root = stdlib_root()
+    return sorted(p.stem for p in root.glob("*.py") if not p.stem.startswith("_"))
+
+
+def prefix(text: str, chars: int = 600) -> str:
+    """A prompt-sized opening of a document, cut at a line end, skipping blank lead-in."""
+    text = text.lstrip()
+    cut = text.rfind("\n", 0, chars)
+    return text[:cut if cut > chars // 3 else chars]
+
+
+def heldout_prompts(doc_roots: list[Path], code_roots: list[Path], per_kind: int = 15) -> list[dict]:
+    """The evaluation set: held-out chat topics, held-out documentation files and held-out stdlib files."""
+    rows = [{"prompt": p, "chat": True, "kind": "chat"}
+            for p in chat_prompts(stdlib_module_names(), held_out=True)[::2][:per_kind]]
+    for kind, roots in (("docs", doc_roots), ("code", code_roots)):
+        docs = [d for d in iter_documents(roots, held_out=True, min_chars=1500) if d.kind == kind]
+        step = max(1, len(docs) // per_kind)
+        rows += [{"prompt": prefix(d.text), "chat": False, "kind": kind, "source": Path(d.path).name}
+                 for d in docs[::step][:per_kind]]
+    return rows

@@ -1,0 +1,175 @@
+"""`edge-spec train-drafter`: corpora -> sequences -> teacher shards -> clustering -> training -> drafter folder.
+
+Every stage caches its output under `<out>/work/` and is skipped when already complete, so an
+interrupted run resumes where it stopped (training resumes from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..checkpoints import LoadedModel
+from ..clustering import balanced_kmeans, recall
+from ..drafter import check_pair, new_drafter, save_drafter
+from ..errors import ConfigError
+from . import data as D
+from .teacher import autocast_dtype, batched_greedy, extract
+from .trainer import ShardData, TrainConfig, train
+
+SEQ_LEN = 256
+BUILTIN_SOURCES = ("debian-docs", "stdlib", "chat")
+
+
+def pack(token_lists, seq_len: int, max_tokens: int, sep: int) -> np.ndarray:
+    """Concatenate token lists (separated by `sep`) and cut into [N, seq_len] windows."""
+    stream: list[int] = []
+    for ids in token_lists:
+        stream.extend(ids + [sep])
+        if len(stream) >= max_tokens:
+            break
+    n = min(len(stream), max_tokens) // seq_len
+    return np.asarray(stream[:n * seq_len], dtype=np.int32).reshape(n, seq_len)
+
+
+def text_sequences(loaded: LoadedModel, roots: list[Path], *, held_out: bool, max_tokens: int, kind: str | None = None):
+    tok = loaded.tokenizer
+    docs = (d for d in D.iter_documents(roots, held_out=held_out) if kind is None or d.kind == kind)
+    return pack((tok.encode(d.text, add_bos=False) for d in docs), SEQ_LEN, max_tokens, _sep(loaded))
+
+
+def _sep(loaded: LoadedModel) -> int:
+    return next(iter(sorted(loaded.stop_ids)), 0)
+
+
+def chat_sequences(loaded: LoadedModel, prompts: list[str], *, max_new_tokens: int, batch: int, dtype,
+                   cache: Path, chat: bool = True) -> np.ndarray:
+    """The target's own greedy answers / continuations (the text the drafter must predict at run time),
+    cached as JSONL so an interrupted run resumes."""
+    done = {}
+    if cache.exists():
+        for line in cache.read_text().splitlines():
+            row = json.loads(line)
+            done[row["prompt"]] = row["ids"]
+    todo = [p for p in prompts if p not in done]
+    bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc=f"regenerate ({cache.stem})", unit="prompt")
+    with cache.open("a") as f:
+        for start in range(0, len(todo), batch):
+            chunk = todo[start:start + batch]
+            ids = [loaded.tokenizer.encode_prompt(p, chat=chat) for p in chunk]
+            outs = batched_greedy(loaded.model, ids, max_new_tokens=max_new_tokens, stop_ids=loaded.stop_ids,
+                                  dtype=dtype)
+            for p, i, o in zip(chunk, ids, outs):
+                done[p] = i + o
+                f.write(json.dumps({"prompt": p, "ids": i + o}) + "\n")
+            f.flush()
+            bar.update(len(chunk))
+    bar.close()
+    return pack((done[p] for p in prompts), SEQ_LEN, 10 ** 9, _sep(loaded))
+
+
+def make_shards(loaded: LoadedModel, sequences: np.ndarray, source_layers: list[int], folder: Path, *,
+                dtype, shard_seqs: int = 128) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    bar = tqdm(total=len(sequences), desc=f"teacher pass ({folder.name})", unit="seq")
+    for i, start in enumerate(range(0, len(sequences), shard_seqs)):
+        path = folder / f"shard_{i:04d}.npz"
+        chunk = sequences[start:start + shard_seqs]
+        if not path.exists():
+            arrays = extract(loaded.model, chunk, source_layers, dtype=dtype)
+            tmp = path.with_suffix(".tmp.npz")
+            np.savez(tmp, tokens=chunk, **arrays)
+            tmp.replace(path)
+        paths.append(path)
+        bar.update(len(chunk))
+    bar.close()
+    return paths
+
+
+def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 400_000, chat_batch: int = 16,
+        chat_max_new: int = 128, max_chat_prompts: int | None = None, max_regen_text: int = 200, hidden_size: int = 256, num_layers: int = 2, intermediate_size: int = 1024,
+        num_centroids: int = 1024, top_k_clusters: int = 32, head_from: str = "target",
+        train_cfg: TrainConfig = TrainConfig(), max_steps: int | None = None, work: Path | None = None) -> dict:
+    started = time.perf_counter()
+    work = work or out.parent / f"{out.name}.work"
+    work.mkdir(parents=True, exist_ok=True)
+    dtype = autocast_dtype()
+    cfg = loaded.config
+    probe = new_drafter(cfg, hidden_size=hidden_size, num_layers=num_layers, intermediate_size=intermediate_size,
+                        num_centroids=num_centroids, top_k_clusters=top_k_clusters, head_from=head_from,
+                        residual=head_from == "target")
+    sources = check_pair(cfg, probe.cfg)
+    source_layers = sorted(set(sources.values()))
+
+    # 1. corpora -> sequences (train and held-out)
+    roots, kinds = [], {}
+    for item in data:
+        if item == "debian-docs":
+            roots += D.fetch_debian_docs(work / "corpora")
+        elif item == "stdlib":
+            roots.append(D.stdlib_root())
+        elif item != "chat":
+            roots.append(Path(item))
+    seqs = {}
+    budget = max_tokens
+    if "chat" in data:
+        prompts = D.chat_prompts(D.stdlib_module_names(), held_out=False)[:max_chat_prompts]
+        seqs["chat"] = chat_sequences(loaded, prompts, max_new_tokens=chat_max_new, batch=chat_batch, dtype=dtype,
+                                      cache=work / "chat.jsonl")
+        budget = max(0, max_tokens - seqs["chat"].size)
+    if roots and "chat" in data:  # the target's own continuations of document openings
+        docs = list(D.iter_documents(roots, held_out=False, min_chars=800))
+        openings = [D.prefix(d.text, 300) for d in docs[::max(1, len(docs) // max_regen_text)]][:max_regen_text]
+        seqs["regen_text"] = chat_sequences(loaded, openings, max_new_tokens=chat_max_new, batch=chat_batch,
+                                            dtype=dtype, cache=work / "regen_text.jsonl", chat=False)
+        budget = max(0, budget - seqs["regen_text"].size)
+    if roots:
+        seqs["text"] = text_sequences(loaded, roots, held_out=False, max_tokens=budget)
+        seqs["held_out_text"] = text_sequences(loaded, roots, held_out=True, max_tokens=20 * SEQ_LEN * 4)
+    if not seqs:
+        raise ConfigError("no training data", "pass --data debian-docs stdlib chat or your own folders")
+
+    # 2. teacher shards
+    shards = {name: make_shards(loaded, s, source_layers, work / "shards" / name, dtype=dtype)
+              for name, s in seqs.items() if len(s)}
+    train_shards = [p for name, ps in shards.items() if name != "held_out_text" for p in ps]
+
+    # 3. clustering of the target's output table -> token_ordering + centroid init
+    table = loaded.model.lm_head.weight.detach().float()
+    embed = loaded.model.model.embed_tokens.weight.detach().float()
+    clustering_path = work / f"clusters_{num_centroids}.npz"
+    if not clustering_path.exists():
+        cl = balanced_kmeans(table.numpy(), num_centroids, iters=6)
+        np.savez(clustering_path, token_ordering=cl.token_ordering, centroids=cl.centroids)
+    z = np.load(clustering_path)
+    drafter = probe
+    with torch.no_grad():
+        drafter.masked_embedding.token_ordering.copy_(torch.from_numpy(z["token_ordering"]))
+        if head_from == "target":
+            drafter.masked_embedding.centroids.weight.copy_(torch.from_numpy(z["centroids"]) * 4.0)
+
+    # 4. training (resumable)
+    src = {kind: layer for kind, layer in sources.items()}
+    train_data = ShardData(train_shards, src)
+    held = ShardData(shards["held_out_text"], src) if "held_out_text" in shards else None
+    embed_scale = float(loaded.model.embed_scale)
+    run_dir = work / f"run_{out.name}"
+    run_dir.mkdir(exist_ok=True)
+    report = train(drafter, train_data, embed, table, train_cfg, run_dir, embed_scale=embed_scale, held_out=held,
+                   max_steps=max_steps)
+    report.update({"data": {name: int(s.size) for name, s in seqs.items()}, "teacher_dtype": str(dtype),
+                   "drafter": {"hidden_size": hidden_size, "num_layers": num_layers,
+                               "intermediate_size": intermediate_size, "num_centroids": num_centroids,
+                               "top_k_clusters": top_k_clusters, "head_from": head_from,
+                               "parameters": sum(p.numel() for p in drafter.parameters())},
+                   "total_seconds": time.perf_counter() - started})
+    save_drafter(drafter, out)
+    (out / "training_report.json").write_text(json.dumps(report, indent=2, default=float))
+    return report

@@ -1,0 +1,316 @@
+"""ONNX Runtime backend (target) and drafter over a bundle's `io` graphs (edge_spec/kv.py, manifest.py).
+
+Cache buffers: one flat float32 buffer per cached layer and K / V, allocated once with the layer's full
+slot count. The graphs take a symbolic cache length per attention kind, so the backend binds only a
+*bucket*: the smallest multiple of BUCKET slots that holds every visible key, viewed as the contiguous
+prefix [1, H_kv, b, D] of the flat buffer (the contract's head-major layout, nothing copied per step).
+When a kind's bucket grows (every BUCKET tokens) the heads are moved apart in place, O(rows in use);
+after a reset / rewind it shrinks the same way. Committed rows are written into the bound views in
+place. Every input and output is bound once through IOBinding to these preallocated buffers and only
+rebound when T or a bucket changes, so a steady-state decode step binds nothing.
+
+The drafter binds the *same* cache buffers (its source layers' current bucket views) and the shared,
+memory-mapped `embed_table` of the bundle: it owns no cache and no copy of the table.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from edge_spec import kv
+from edge_spec.backend import DraftStep, StepOutput
+from edge_spec.errors import BundleError, ConfigError
+from edge_spec.kv import CacheSpec, KVLayout
+
+BUCKET = 64  # cache slots bound per step are a multiple of this (or the layer's full slot count)
+PROVIDERS = {"cpu": "CPUExecutionProvider", "xnnpack": "XnnpackExecutionProvider",
+             "coreml": "CoreMLExecutionProvider", "qnn": "QNNExecutionProvider"}
+_PROVIDER_FIX = {
+    "xnnpack": "use an onnxruntime build with XNNPACK (the Android/iOS packages, or build with --use_xnnpack), "
+               "or --provider cpu",
+    "coreml": "on macOS install the standard `onnxruntime` wheel (it ships CoreML), or --provider cpu",
+    "qnn": "pip install onnxruntime-qnn (Snapdragon devices / the x86_64 HTP emulator), or --provider cpu",
+}
+
+
+def _import_ort():
+    try:
+        import onnxruntime
+    except ImportError as err:  # pragma: no cover - a declared dependency
+        raise ConfigError("onnxruntime is not installed", "pip install onnxruntime") from err
+    return onnxruntime
+
+
+def make_session(path: Path, *, provider: str = "cpu", threads: int | None = None, initializers: dict | None = None,
+                 spin: bool = False):
+    """An InferenceSession on `provider` (cpu | xnnpack | coreml | qnn) with `threads` intra-op threads.
+
+    `initializers`: name -> numpy array supplied by the caller instead of the file's copy (shared tables).
+    `spin`: let idle intra-op threads busy-wait (onnxruntime's default). Off here: with another process on the
+    cores, spinning threads cost SmolLM2 int8 decode ~45% (2 threads, measured); see docs/architecture.md."""
+    ort = _import_ort()
+    if provider not in PROVIDERS:
+        raise ConfigError(f"unknown execution provider {provider!r}", f"choose one of {', '.join(PROVIDERS)}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads must be an integer >= 1, got {threads!r}")
+    name = PROVIDERS[provider]
+    available = ort.get_available_providers()
+    if name not in available:
+        raise ConfigError(f"execution provider {provider!r} ({name}) is not available in this onnxruntime build "
+                          f"(available: {', '.join(available)})", _PROVIDER_FIX.get(provider))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads or 0  # 0 = onnxruntime's default (one per physical core)
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    keep = []
+    if initializers:
+        values = [ort.OrtValue.ortvalue_from_numpy(np.asarray(a)) for a in initializers.values()]
+        so.add_external_initializers(list(initializers), values)
+        keep = [initializers, values]  # must outlive the session
+    providers = [name] if name == "CPUExecutionProvider" else [name, "CPUExecutionProvider"]
+    options = {"xnnpack": [{"intra_op_num_threads": threads or os.cpu_count() or 1}],
+               "qnn": [{"backend_path": "libQnnHtp.so"}]}.get(provider, [{}])
+    if name != "CPUExecutionProvider":
+        options.append({})
+    try:
+        session = ort.InferenceSession(str(path), so, providers=providers, provider_options=options)
+    except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph types with long messages
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise BundleError(f"{path}: onnxruntime {ort.__version__} cannot load this graph ({first[:300]})",
+                          "re-export the bundle with this edge-spec / onnxruntime, or update onnxruntime") from err
+    session._edge_spec_keepalive = keep
+    return session
+
+
+def _bucket(used: int, slots: int) -> int:
+    return min(slots, max(BUCKET, -(-used // BUCKET) * BUCKET))
+
+
+class _LayerCache:
+    """K or V of one cached layer: a flat buffer of the layer's full size, viewed as its current bucket."""
+
+    def __init__(self, spec: CacheSpec):
+        self.heads, self.dim = spec.num_kv_heads, spec.head_dim
+        self.flat = np.zeros(spec.num_kv_heads * spec.slots * spec.head_dim, dtype=np.float32)
+
+    def view(self, b: int) -> np.ndarray:  # [1, H_kv, b, D], contiguous
+        return self.flat[:self.heads * b * self.dim].reshape(1, self.heads, b, self.dim)
+
+    def relayout(self, old: int, new: int, rows: int) -> None:
+        """Re-view the buffer from bucket `old` to `new`, keeping rows [0, rows) of every head (in place)."""
+        if old == new or self.heads == 1 or rows == 0:
+            return
+        src, dst = self.view(old)[0], self.view(new)[0]
+        order = range(self.heads - 1, 0, -1) if new > old else range(1, self.heads)  # never overwrite unread rows
+        for h in order:
+            dst[h, :rows] = src[h, :rows]  # numpy buffers overlapping copies
+
+
+class _Buffers:
+    """Per-T input/output buffers, reallocated only when a forward needs a larger T."""
+
+    def __init__(self, t_cap: int, layout: KVLayout, vocab: int, hidden: int):
+        self.t_cap = t_cap
+        self.ids = np.zeros(t_cap, dtype=np.int64)
+        self.pos = np.zeros(t_cap, dtype=np.int64)
+        self.masks = {kind: np.zeros(t_cap * (layout.slots(kind) + t_cap), dtype=np.float32) for kind in layout.kinds()}
+        self.logits = np.zeros(t_cap * vocab, dtype=np.float32)
+        self.hidden = np.zeros(t_cap * hidden, dtype=np.float32)
+        self.new = [(np.zeros(s.num_kv_heads * t_cap * s.head_dim, dtype=np.float32),
+                     np.zeros(s.num_kv_heads * t_cap * s.head_dim, dtype=np.float32)) for s in layout.caches]
+
+
+def _bind(binding, name: str, array: np.ndarray, output: bool = False) -> None:
+    """Bind a contiguous numpy array by pointer (zero copy; ORT reads/writes it at run time)."""
+    assert array.flags.c_contiguous
+    dtype = np.float32 if array.dtype == np.float32 else np.int64
+    args = (name, "cpu", 0, dtype, list(array.shape), array.ctypes.data)
+    (binding.bind_output if output else binding.bind_input)(*args)
+
+
+class OrtBackend:
+    """edge_spec.backend.Backend over an ONNX Runtime session of the bundle's target graph."""
+
+    name = "ort"
+
+    def __init__(self, session, layout: KVLayout, vocab_size: int, hidden_size: int):
+        self.session = session
+        self.layout = layout
+        self.vocab, self.hidden_size = vocab_size, hidden_size
+        self.specs: list[CacheSpec] = list(layout.caches)
+        self.k = [_LayerCache(s) for s in self.specs]
+        self.v = [_LayerCache(s) for s in self.specs]
+        self.bucket = {kind: _bucket(0, layout.slots(kind)) for kind in layout.kinds()}
+        self.used = {kind: 0 for kind in layout.kinds()}  # rows [0, used) of each bucket hold data
+        self.buffers = _Buffers(1, layout, vocab_size, hidden_size)
+        self.binding = session.io_binding()
+        self._bound = None  # (T, buckets) the binding was made for
+        self._pending = 0  # T of the last forward (its new rows sit in buffers.new)
+        self.generation = 0  # bumped whenever a cache view moves (the drafter rebinds then)
+
+    # -- cache views -------------------------------------------------------------------------------
+    def cache_views(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        b = self.bucket[self.specs[i].kind]
+        return self.k[i].view(b), self.v[i].view(b)
+
+    def _fit(self, kind: str, used: int, need: int) -> None:
+        """Make the bound prefix of `kind` the bucket for `need` visible slots, keeping rows [0, used)."""
+        new = _bucket(need, self.layout.slots(kind))
+        old = self.bucket[kind]
+        if new == old:
+            return
+        for i, spec in enumerate(self.specs):
+            if spec.kind == kind:
+                self.k[i].relayout(old, new, min(used, old, new))
+                self.v[i].relayout(old, new, min(used, old, new))
+        self.bucket[kind] = new
+        self.generation += 1
+
+    # -- Backend protocol ----------------------------------------------------------------------------
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
+                n_cached: int, last_only: bool) -> StepOutput:
+        t = input_ids.shape[1]
+        for kind in self.layout.kinds():
+            used = min(n_cached, self.layout.slots(kind))  # slots >= used are empty (see kv.KVState.rewind)
+            self._fit(kind, used, used)
+            self.used[kind] = used
+        if t > self.buffers.t_cap:
+            self.buffers = _Buffers(max(t, 2 * self.buffers.t_cap), self.layout, self.vocab, self.hidden_size)
+            self._bound = None
+        buf = self.buffers
+        buf.ids[:t] = input_ids[0]
+        buf.pos[:t] = position_ids[0]
+        mask_views = {}
+        for kind, mask in masks.items():  # [1, 1, T, S + T] -> the bound [1, 1, T, b + T]
+            s, b = self.layout.slots(kind), self.bucket[kind]
+            view = buf.masks[kind][:t * (b + t)].reshape(1, 1, t, b + t)
+            view[..., :b] = mask[..., :b]
+            view[..., b:] = mask[..., s:]
+            mask_views[kind] = view
+        signature = (t, buf.t_cap, tuple(sorted(self.bucket.items())))
+        if signature != self._bound:
+            self._rebind(t, mask_views)
+            self._bound = signature
+        self.session.run_with_iobinding(self.binding)
+        self._pending = t
+        rows = slice(t - 1, t) if last_only else slice(0, t)
+        logits = buf.logits[:t * self.vocab].reshape(t, self.vocab)[rows].copy()
+        hidden = buf.hidden[:t * self.hidden_size].reshape(t, self.hidden_size)[rows].copy()
+        return StepOutput(logits, hidden)
+
+    def _rebind(self, t: int, mask_views: dict[str, np.ndarray]) -> None:
+        buf, bind = self.buffers, self.binding
+        bind.clear_binding_inputs()
+        bind.clear_binding_outputs()
+        _bind(bind, kv.INPUT_IDS, buf.ids[:t].reshape(1, t))
+        _bind(bind, kv.POSITION_IDS, buf.pos[:t].reshape(1, t))
+        for kind, view in mask_views.items():
+            _bind(bind, kv.mask_name(kind), view)
+        for i, spec in enumerate(self.specs):
+            k, v = self.cache_views(i)
+            _bind(bind, kv.k_cache_name(spec.layer), k)
+            _bind(bind, kv.v_cache_name(spec.layer), v)
+        _bind(bind, kv.LOGITS, buf.logits[:t * self.vocab].reshape(1, t, self.vocab), output=True)
+        _bind(bind, kv.HIDDEN, buf.hidden[:t * self.hidden_size].reshape(1, t, self.hidden_size), output=True)
+        for spec, (k, v) in zip(self.specs, buf.new):
+            shape = (1, spec.num_kv_heads, t, spec.head_dim)
+            _bind(bind, kv.k_new_name(spec.layer), k[:int(np.prod(shape))].reshape(shape), output=True)
+            _bind(bind, kv.v_new_name(spec.layer), v[:int(np.prod(shape))].reshape(shape), output=True)
+
+    def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        assert self._pending, "commit without a forward"
+        t = self._pending
+        for kind, (rows, slots) in plan.items():
+            if len(slots):
+                self._fit(kind, self.used[kind], max(self.used[kind], int(slots.max()) + 1))
+                self.used[kind] = max(self.used[kind], int(slots.max()) + 1)
+        for i, spec in enumerate(self.specs):
+            rows, slots = plan[spec.kind]
+            if not len(rows):
+                continue
+            k_view, v_view = self.cache_views(i)
+            shape = (spec.num_kv_heads, t, spec.head_dim)
+            new_k, new_v = (a[:int(np.prod(shape))].reshape(shape) for a in self.buffers.new[i])
+            if len(rows) == 1:
+                r, s = int(rows[0]), int(slots[0])
+                k_view[0, :, s] = new_k[:, r]
+                v_view[0, :, s] = new_v[:, r]
+            else:
+                k_view[0][:, slots] = new_k[:, rows]
+                v_view[0][:, slots] = new_v[:, rows]
+        self._pending = 0
+
+    def reset(self) -> None:
+        self._pending = 0
+
+
+class OrtDrafter:
+    """edge_spec.backend.DrafterBackend over the bundle's drafter graph, reading the OrtBackend's caches."""
+
+    def __init__(self, session, target: OrtBackend, sources: dict[str, int], tables: dict[str, np.ndarray],
+                 candidates: int):
+        self.session = session
+        self.target = target
+        index = {spec.layer: i for i, spec in enumerate(target.specs)}
+        self.sources = {kind: index[layer] for kind, layer in sorted(sources.items())}
+        self.tables = tables
+        self.candidates = candidates
+        h = target.hidden_size
+        self.ids = np.zeros((1, 1), dtype=np.int64)
+        self.pos = np.zeros((1, 1), dtype=np.int64)
+        self.hidden = np.zeros((1, 1, h), dtype=np.float32)
+        self.masks = {kind: np.zeros(target.layout.slots(kind), dtype=np.float32) for kind in self.sources}
+        self.out_ids = np.zeros(candidates, dtype=np.int64)
+        self.out_logits = np.zeros(candidates, dtype=np.float32)
+        self.out_hidden = np.zeros((1, 1, h), dtype=np.float32)
+        self.binding = session.io_binding()
+        self._bound = None
+
+    def begin(self, position: int, masks: dict[str, np.ndarray], n_cached: int) -> None:
+        self.pos[0, 0] = position
+        views = {}
+        for kind, i in self.sources.items():
+            b = self.target.bucket[kind]
+            view = self.masks[kind][:b].reshape(1, 1, 1, b)
+            view[...] = masks[kind][..., :b]
+            views[kind] = view
+        signature = (self.target.generation, tuple(sorted(self.target.bucket.items())))
+        if signature != self._bound:
+            self._rebind(views)
+            self._bound = signature
+
+    def _rebind(self, mask_views: dict[str, np.ndarray]) -> None:
+        bind = self.binding
+        bind.clear_binding_inputs()
+        bind.clear_binding_outputs()
+        _bind(bind, kv.INPUT_IDS, self.ids)
+        _bind(bind, kv.HIDDEN, self.hidden)
+        _bind(bind, kv.POSITION_IDS, self.pos)
+        for kind, i in self.sources.items():
+            layer = self.target.specs[i].layer
+            _bind(bind, kv.mask_name(kind), mask_views[kind])
+            k, v = self.target.cache_views(i)
+            _bind(bind, kv.k_cache_name(layer), k)
+            _bind(bind, kv.v_cache_name(layer), v)
+        for name, table in self.tables.items():
+            _bind_table(bind, name, table)
+        _bind(bind, kv.DRAFT_TOKEN_IDS, self.out_ids, output=True)
+        _bind(bind, kv.DRAFT_LOGITS, self.out_logits, output=True)
+        _bind(bind, kv.DRAFT_HIDDEN, self.out_hidden, output=True)
+
+    def step(self, token: int, hidden: np.ndarray) -> DraftStep:
+        self.ids[0, 0] = token
+        self.hidden[0, 0] = hidden
+        self.session.run_with_iobinding(self.binding)
+        return DraftStep(self.out_ids.copy(), self.out_logits.copy(), self.out_hidden[0, 0].copy())
+
+
+def _bind_table(binding, name: str, table: np.ndarray) -> None:
+    """Tables are read-only memory maps: bind by pointer (ORT never writes graph inputs)."""
+    binding.bind_input(name, "cpu", 0, np.float32, list(table.shape), table.ctypes.data)

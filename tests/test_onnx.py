@@ -1,0 +1,379 @@
+"""ONNX export + onnxruntime backend: parity with eager, speculative == plain, bundle integrity, CLI.
+
+Tiny random checkpoints (tests/tiny.py) except one real SmolLM2 test. Each bundle is exported once per module.
+"""
+
+import functools
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from edge_spec import checkpoints, kv
+from edge_spec.api import load_bundle
+from edge_spec.backend import DraftStep, Session
+from edge_spec.cli import main
+from edge_spec.drafter import check_pair, new_drafter, save_drafter
+from edge_spec.errors import BundleError, ConfigError, KVStateError
+from edge_spec.exporters import onnx as onnx_exporter
+from edge_spec.exporters.onnx import export_bundle
+from edge_spec.generate import generate_plain
+from edge_spec.manifest import MANIFEST, Manifest, read_manifest
+from edge_spec.runtimes import ort as ort_runtime
+from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
+from edge_spec.sampling import SamplingParams
+from edge_spec.speculative import generate_speculative
+from tests.tiny import llama_config, save_reference
+
+GREEDY = SamplingParams()
+LOGITS_TOL = 1e-4  # fp32 ORT vs eager, max abs
+# Quantized vs fp32 eager on the tiny random llama, 24 positions x 3 prompts (measured): max |diff| / max |logit|
+# int8 0.7-0.95%, int4 6.9-7.5%; top-1 agreement 1.0 for both. Bounds leave ~3x headroom. (SmolLM2: see
+# docs/architecture.md; its Q4_1 weights come back exactly, only the int8 activations inside MatMulNBits differ.)
+QUANT_BOUNDS = {"int8": (0.03, 0.9), "int4": (0.25, 0.85)}  # precision -> (relative max diff, min top-1 agreement)
+
+
+def prompt_ids(n, seed=0, vocab=320):
+    return [int(i) for i in np.random.default_rng(seed).integers(4, vocab, n)]
+
+
+def tiny_drafter(cfg, **kwargs):
+    args = dict(hidden_size=32, num_layers=2, intermediate_size=64, num_centroids=16, top_k_clusters=4)
+    return new_drafter(cfg, seed=7, **{**args, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama, tmp_path_factory):
+    """Tiny llama + a clustered drafter scoring with the *target's* (tied) output table."""
+    target = checkpoints.load(str(tiny_llama[0]))
+    drafter = tiny_drafter(target.config, head_from="target")
+    folder = export_bundle(target, tmp_path_factory.mktemp("b") / "llama", drafter=drafter, max_context=160)
+    return folder, target, drafter
+
+
+@pytest.fixture(scope="module")
+def gemma(tiny_gemma4, tmp_path_factory):
+    """Tiny Gemma-4 (sliding rings, KV sharing, per-layer inputs) + a dense-head drafter with its own table."""
+    target = checkpoints.load(str(tiny_gemma4[0]))
+    drafter = tiny_drafter(target.config, clustered=False)
+    folder = export_bundle(target, tmp_path_factory.mktemp("b") / "gemma", drafter=drafter, max_context=96)
+    return folder, target, drafter
+
+
+@pytest.fixture(params=["llama", "gemma"])
+def pair(request):
+    return request.getfixturevalue(request.param)
+
+
+def ort_parts(folder, threads=1):
+    engine = load_bundle(folder, threads=threads)
+    return engine.session.backend, engine.drafter, engine
+
+
+# ---- parity ---------------------------------------------------------------------------------------
+def test_target_logits_match_eager_through_buckets_commits_and_rewinds(pair, monkeypatch):
+    monkeypatch.setattr(ort_runtime, "BUCKET", 8)  # many bucket moves (grow and shrink) in a short test
+    folder, target, _ = pair
+    backend, _, engine = ort_parts(folder)
+    ours, ref = Session(backend, prefill_chunk=7), Session(TorchBackend(target.model, engine.session.state.layout),
+                                                           prefill_chunk=7)
+    rng = np.random.default_rng(0)
+    ids = prompt_ids(19)
+    a, b = ours.prefill(ids), ref.prefill(ids)
+    worst = np.abs(a.logits - b.logits).max()
+    for step in range(40):
+        tokens = prompt_ids(1 + step % 4, seed=step)
+        a, b = ours.forward(tokens), ref.forward(tokens)
+        worst = max(worst, np.abs(a.logits - b.logits).max())
+        assert np.abs(a.hidden - b.hidden).max() <= 1e-3 * max(1.0, np.abs(b.hidden).max())
+        n = int(rng.integers(1, len(tokens) + 1))
+        ours.commit(n)
+        ref.commit(n)
+        if step in (12, 30):  # a rewind that every ring still allows, then keep going
+            back = ours.length - 2  # gemma: a 7-slot ring for window 6 allows 2
+            ours.rewind(back)
+            ref.rewind(back)
+    assert worst <= LOGITS_TOL
+    ours.reset()
+    ref.reset()  # after a reset the buckets shrink again and nothing stale is visible
+    a, b = ours.prefill(ids[:5]), ref.prefill(ids[:5])
+    assert np.abs(a.logits - b.logits).max() <= LOGITS_TOL
+
+
+def test_rewind_across_a_ring_eviction_still_raises(gemma):
+    backend, _, _ = ort_parts(gemma[0])
+    session = Session(backend)
+    session.prefill(prompt_ids(30))
+    with pytest.raises(KVStateError, match="evicted"):
+        session.rewind(5)
+
+
+def test_drafter_steps_match_eager(pair):
+    folder, target, drafter = pair
+    backend, ort_drafter, engine = ort_parts(folder)
+    layout = engine.session.state.layout
+    torch_backend = TorchBackend(target.model, layout)
+    ours, ref = Session(backend), Session(torch_backend)
+    eager = TorchDrafter(drafter, torch_backend, check_pair(target.config, drafter.cfg))
+    ids = prompt_ids(13, seed=3)
+    out = ours.prefill(ids)
+    ref.prefill(ids)
+    token, hidden = int(out.logits[-1].argmax()), out.hidden[-1]
+    for runner in (ort_drafter, eager):
+        runner.begin(ours.length, ours.state.drafter_masks(), ours.length)
+    for _ in range(3):
+        a, b = ort_drafter.step(token, hidden), eager.step(token, hidden)
+        assert np.array_equal(a.token_ids, b.token_ids)
+        assert np.abs(a.logits - b.logits).max() <= LOGITS_TOL
+        assert np.abs(a.hidden - b.hidden).max() <= LOGITS_TOL * max(1.0, np.abs(b.hidden).max())
+        token, hidden = int(a.token_ids[np.argmax(a.logits)]), a.hidden
+
+
+# ---- speculative through ORT == plain through ORT ----------------------------------------------------
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_speculative_greedy_equals_plain_greedy(pair, k):
+    folder, target, _ = pair
+    backend, drafter, engine = ort_parts(folder)
+    session = Session(backend)
+    ids = prompt_ids(11, seed=k)
+    expected = generate_plain(session, ids, max_new_tokens=40, params=GREEDY, rng=np.random.default_rng(0),
+                              stop_ids=frozenset()).tokens
+    out = generate_speculative(session, drafter, ids, max_new_tokens=40, params=GREEDY, rng=np.random.default_rng(0),
+                               stop_ids=frozenset(), k=k, vocab_size=engine.vocab_size)
+    assert out.tokens == expected
+
+
+class ScriptedDrafter:
+    """Proposes the known greedy continuation with every third token wrong: accepted and rejected bursts."""
+
+    def __init__(self, continuation, prompt_len):
+        self.continuation, self.prompt_len = continuation, prompt_len
+
+    def begin(self, position, masks, n_cached):
+        self.position, self.offset = position, 0
+
+    def step(self, token, hidden):
+        self.offset += 1
+        i = self.position + self.offset - self.prompt_len
+        tok = self.continuation[i] if 0 <= i < len(self.continuation) else 4
+        if (self.position + self.offset) % 3 == 0:
+            tok = 4 + (tok + 1) % 300
+        return DraftStep(np.array([tok]), np.array([1.0], dtype=np.float32), hidden)
+
+
+def test_accepted_drafts_commit_several_rows(llama, monkeypatch):
+    monkeypatch.setattr(ort_runtime, "BUCKET", 8)
+    backend, _, _ = ort_parts(llama[0])
+    session = Session(backend)
+    ids = prompt_ids(9, seed=5)
+    expected = generate_plain(session, ids, max_new_tokens=48, params=GREEDY, rng=np.random.default_rng(0),
+                              stop_ids=frozenset()).tokens
+    out = generate_speculative(session, ScriptedDrafter(expected, len(ids)), ids, max_new_tokens=48, params=GREEDY,
+                               rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
+    assert out.tokens == expected and out.extra["spec"].tau > 1.5
+
+
+# ---- quantized bundles -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_bundle_logits_within_bound_and_speculative_exact(llama, tmp_path, precision):
+    _, target, drafter = llama
+    folder = export_bundle(target, tmp_path / precision, drafter=drafter, precision=precision, max_context=64)
+    manifest = read_manifest(folder)
+    assert manifest.precision == precision and manifest.graphs["target"].precision == precision
+    backend, ort_drafter, engine = ort_parts(folder)
+    ours, ref = Session(backend), Session(TorchBackend(target.model, manifest.layout))
+    ids = prompt_ids(24, seed=11)
+    a, b = ours.forward(ids).logits, ref.forward(ids).logits
+    max_diff, min_agree = QUANT_BOUNDS[precision]
+    assert np.abs(a - b).max() <= max_diff * np.abs(b).max()
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= min_agree
+    ours.reset()
+    expected = generate_plain(ours, ids[:8], max_new_tokens=24, params=GREEDY, rng=np.random.default_rng(0),
+                              stop_ids=frozenset()).tokens
+    out = generate_speculative(ours, ort_drafter, ids[:8], max_new_tokens=24, params=GREEDY,
+                               rng=np.random.default_rng(0), stop_ids=frozenset(), k=2, vocab_size=320)
+    assert out.tokens == expected
+
+
+def test_untied_target_with_a_target_head_drafter_gets_its_output_table(tmp_path):
+    ref = save_reference(llama_config(num_hidden_layers=1, tie_word_embeddings=False), tmp_path / "untied")
+    del ref
+    target = checkpoints.load(str(tmp_path / "untied"))
+    drafter = tiny_drafter(target.config, num_layers=1, head_from="target")
+    folder = export_bundle(target, tmp_path / "bundle", drafter=drafter, max_context=32, exporter="torchscript")
+    manifest = read_manifest(folder)
+    assert set(manifest.tables) == {kv.EMBED_TABLE, kv.OUTPUT_TABLE}
+    backend, ort_drafter, engine = ort_parts(folder)
+    torch_backend = TorchBackend(target.model, manifest.layout)
+    eager = TorchDrafter(drafter, torch_backend, check_pair(target.config, drafter.cfg))
+    ours, theirs = Session(backend), Session(torch_backend)
+    out = ours.prefill(prompt_ids(6))
+    theirs.prefill(prompt_ids(6))
+    for runner in (ort_drafter, eager):
+        runner.begin(ours.length, ours.state.drafter_masks(), ours.length)
+    token, hidden = int(out.logits[-1].argmax()), out.hidden[-1]
+    a, b = ort_drafter.step(token, hidden), eager.step(token, hidden)
+    assert np.array_equal(a.token_ids, b.token_ids) and np.abs(a.logits - b.logits).max() <= LOGITS_TOL
+
+
+# ---- the manifest and bundle integrity ---------------------------------------------------------------
+def test_manifest_round_trip_and_contents(llama):
+    folder, target, drafter = llama
+    manifest = read_manifest(folder)
+    raw = json.loads((folder / MANIFEST).read_text())
+    assert Manifest.from_json(raw).to_json() == raw
+    assert raw["schema_version"] == 1 and raw["format"] == "onnx" and raw["precision"] == "fp32"
+    assert manifest.vocab_size == 320 and manifest.max_context == 160 and manifest.max_draft_len == 8
+    assert manifest.drafter.kv_sharing == {"full": 2} and manifest.drafter.head_from == "target"
+    assert manifest.eos_token_ids == (2,) and "im_start" in manifest.chat_template
+    assert manifest.drafter.target_content_sha256 == manifest.target.content_sha256
+    inputs = {t.name: t.shape for t in manifest.graphs["target"].io.inputs}
+    assert inputs["mask.full"] == (1, 1, "T", "S_full+T") and inputs["k_cache.0"] == (1, 2, "S_full", 16)
+    assert [c["slots"] for c in raw["kv"]["layout"]["caches"]] == [160, 160, 160]
+    for rel in ("onnx/target.onnx", "onnx/target.onnx.data", "onnx/drafter.onnx", "onnx/embed_table.bin",
+                "tokenizer.json", "tokenizer_config.json"):
+        assert len(raw["files"][rel]["sha256"]) == 64
+
+
+@pytest.fixture()
+def damaged(llama, tmp_path):
+    dst = tmp_path / "bundle"
+    shutil.copytree(llama[0], dst)
+    return dst
+
+
+def test_corrupt_file_names_the_file(damaged):
+    path = damaged / "onnx" / "target.onnx.data"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # one bit
+    path.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=r"target\.onnx\.data is corrupt"):
+        load_bundle(damaged)
+
+
+def test_truncated_and_missing_files(damaged):
+    table = damaged / "onnx" / "embed_table.bin"
+    table.write_bytes(table.read_bytes()[:100])
+    with pytest.raises(BundleError, match=r"embed_table\.bin is truncated"):
+        load_bundle(damaged)
+    (damaged / "onnx" / "drafter.onnx").unlink()
+    with pytest.raises(BundleError, match=r"drafter\.onnx is missing"):
+        read_manifest(damaged)
+    (damaged / MANIFEST).unlink()
+    with pytest.raises(BundleError, match="manifest.json is missing"):
+        load_bundle(damaged)
+
+
+def test_schema_version_and_mismatched_drafter(damaged, gemma):
+    raw = json.loads((damaged / MANIFEST).read_text())
+    (damaged / MANIFEST).write_text(json.dumps({**raw, "schema_version": 99}))
+    with pytest.raises(BundleError, match="schema_version 99"):
+        load_bundle(damaged)
+    other = json.loads((gemma[0] / MANIFEST).read_text())
+    raw["drafter"]["target_content_sha256"] = other["target"]["content_sha256"]  # a drafter exported for gemma
+    (damaged / MANIFEST).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="drafter from another target"):
+        load_bundle(damaged)
+
+
+def test_mismatched_drafter_is_refused_at_export(llama, gemma, tmp_path):
+    from edge_spec.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="drafter does not match the target"):
+        export_bundle(gemma[1], tmp_path / "x", drafter=llama[2])
+    assert not (tmp_path / "x").exists()
+
+
+def test_interrupted_export_leaves_no_bundle_and_a_rerun_succeeds(llama, tmp_path, monkeypatch):
+    _, target, drafter = llama
+    out = tmp_path / "bundle"
+    export = functools.partial(export_bundle, exporter="torchscript")  # fast; atomicity does not depend on it
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed mid-way")
+
+    real = onnx_exporter.export_drafter
+    monkeypatch.setattr(onnx_exporter, "export_drafter", killed)  # after the target graph was written
+    with pytest.raises(RuntimeError, match="killed"):
+        export(target, out, drafter=drafter, max_context=32)
+    assert not out.exists() and not list(tmp_path.iterdir())  # no bundle, no temp folder
+    with pytest.raises(BundleError, match="does not exist"):
+        load_bundle(out)
+    monkeypatch.setattr(onnx_exporter, "export_drafter", real)
+    export(target, out, drafter=drafter, max_context=32)
+    first = read_manifest(out)
+    monkeypatch.setattr(onnx_exporter, "export_drafter", killed)  # a failed re-export keeps the old bundle
+    with pytest.raises(RuntimeError):
+        export(target, out, drafter=drafter, max_context=32, precision="int8")
+    assert read_manifest(out).precision == first.precision == "fp32"
+
+
+def test_unknown_provider_and_bad_options(llama):
+    with pytest.raises(ConfigError, match="XnnpackExecutionProvider.*not available"):
+        load_bundle(llama[0], provider="xnnpack")
+    with pytest.raises(ConfigError, match="max_context"):
+        load_bundle(llama[0], max_context=1000)
+    engine = load_bundle(llama[0], max_context=40)  # a smaller context than exported is fine
+    assert engine.max_context == 40
+    with pytest.raises(ConfigError, match="max draft length 8"):
+        engine.generate([5, 6], max_new_tokens=4, spec_k=9)
+
+
+# ---- CLI -------------------------------------------------------------------------------------------------
+def test_cli_export_and_generate_bundle(tiny_llama, tmp_path, capsys):
+    folder = tiny_llama[0]
+    drafter_dir = save_drafter(tiny_drafter(checkpoints.load(str(folder)).config, num_layers=1), tmp_path / "drafter")
+    out = tmp_path / "bundle"
+    assert main(["export", "--model", str(folder), "--drafter", str(drafter_dir), "--format", "onnx",
+                 "--quant", "fp32", "--max-context", "64", "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().err
+    base = ["generate", "--prompt", "w5 w6 w7", "--max-new-tokens", "10", "--quiet"]
+    results = {}
+    for name, extra in {"spec": ["--bundle", str(out)], "plain": ["--bundle", str(out), "--no-spec"],
+                        "torch": ["--bundle", str(out), "--runtime", "torch"], "eager": ["--model", str(folder)]}.items():
+        code = main(base + extra)
+        results[name] = (code, *capsys.readouterr())
+    assert {r[0] for r in results.values()} == {0}
+    assert results["spec"][1] == results["plain"][1] == results["torch"][1] == results["eager"][1]
+    assert "[ort]" in results["spec"][2] and "tau" in results["spec"][2] and "tau" not in results["plain"][2]
+    assert "[torch]" in results["torch"][2] and "tau" in results["torch"][2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--bundle", "/no/such/bundle", "--prompt", "hi"], "does not exist"),
+    (["generate", "--bundle", "{bundle}", "--model", "x", "--prompt", "hi"], "cannot be combined"),
+    (["generate", "--model", "{model}", "--runtime", "ort", "--prompt", "hi"], "runs exported bundles"),
+    (["generate", "--bundle", "{bundle}", "--provider", "coreml", "--prompt", "hi"], "not available"),
+    (["export", "--model", "{model}", "--out", "{nonbundle}"], "refusing to overwrite"),
+])
+def test_cli_errors_exit_2(llama, tiny_llama, tmp_path, capsys, args, message):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    fill = {"bundle": str(llama[0]), "model": str(tiny_llama[0]), "nonbundle": str(tmp_path / "notes")}
+    code = main([a.format(**fill) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+
+
+# ---- the real SmolLM2-135M -------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def smollm2_bundle(smollm2, converted):
+    return export_bundle(smollm2, converted.parent / "bundle-fp32", max_context=256)
+
+
+def test_smollm2_ort_matches_eager(smollm2, smollm2_bundle):
+    """Logits over prompt + 16 ORT greedy tokens == eager (<= 1e-4), and every greedy token is eager's argmax
+    (teacher-forced: one eager forward instead of 16 eager decode steps, same check)."""
+    engine = load_bundle(smollm2_bundle, threads=2)
+    ids = smollm2.tokenizer.encode_prompt("What is the capital of France?", chat=True)
+    tokens = generate_plain(engine.session, ids, max_new_tokens=16, params=GREEDY, rng=np.random.default_rng(0),
+                            stop_ids=frozenset()).tokens
+    engine.session.reset()
+    sequence = ids + tokens[:-1]
+    ours = engine.session.forward(sequence).logits
+    ref = Session(TorchBackend(smollm2.model, engine.session.state.layout)).forward(sequence).logits
+    assert np.abs(ours - ref).max() <= LOGITS_TOL
+    assert ref[len(ids) - 1:].argmax(-1).tolist() == tokens
+    assert "Paris" in smollm2.tokenizer.decode(tokens)

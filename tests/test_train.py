@@ -1,0 +1,124 @@
+"""Drafter training pipeline on a tiny target: data split, packing, teacher passes, loss goes down, resume, CLI."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from edge_spec import checkpoints
+from edge_spec.cli import main
+from edge_spec.drafter import check_pair, load_drafter, new_drafter
+from edge_spec.generate import generate_plain
+from edge_spec.backend import Session
+from edge_spec.config import kv_layout
+from edge_spec.runtimes.torch import TorchBackend
+from edge_spec.sampling import SamplingParams
+from edge_spec.train import data as D
+from edge_spec.train.pipeline import pack, run
+from edge_spec.train.teacher import batched_greedy, extract
+from edge_spec.train.trainer import ShardData, TrainConfig, anchor_masks, mtp_loss
+
+
+def test_held_out_split_is_deterministic_and_disjoint():
+    keys = [f"file_{i}.txt" for i in range(2000)]
+    held = {k for k in keys if D.is_held_out(k)}
+    assert held == {k for k in keys if D.is_held_out(k)}
+    assert 60 < len(held) < 140  # ~5 %
+    train_prompts = set(D.chat_prompts(["os", "re", "json"], held_out=False))
+    assert not train_prompts & set(D.chat_prompts(["os", "re", "json"], held_out=True))
+
+
+def test_pack_and_anchor_masks_exact():
+    assert pack([[1, 2, 3], [4, 5]], 3, 100, sep=0).tolist() == [[1, 2, 3], [0, 4, 5]]
+    mask = anchor_masks(t=4, n_anchors=2, window=None)[0, 0]
+    assert (mask == 0).tolist() == [[True, False, False, False], [True, True, False, False]]
+    mask = anchor_masks(t=6, n_anchors=5, window=2)[0, 0]  # sliding: L - s <= window + 1
+    assert (mask[4] == 0).tolist() == [False, False, True, True, True, False]
+
+
+def test_batched_greedy_equals_plain_greedy(tiny_llama):
+    loaded = checkpoints.load(str(tiny_llama[0]))
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [20]]
+    outs = batched_greedy(loaded.model, prompts, max_new_tokens=10, stop_ids=frozenset())
+    session = Session(TorchBackend(loaded.model, kv_layout(loaded.config, 64)))
+    for p, o in zip(prompts, outs):
+        ref = generate_plain(session, p, max_new_tokens=10, params=SamplingParams(), rng=np.random.default_rng(0),
+                             stop_ids=frozenset()).tokens
+        assert o == ref
+
+
+def test_extract_matches_the_session_forward(tiny_gemma4):
+    loaded = checkpoints.load(str(tiny_gemma4[0]))
+    seqs = np.random.default_rng(0).integers(4, 320, (3, 16)).astype(np.int32)
+    out = extract(loaded.model, seqs, [2], dtype=torch.float32)
+    session = Session(TorchBackend(loaded.model, kv_layout(loaded.config, 64)))
+    ref = session.forward(seqs[1].tolist())
+    assert np.abs(out["hidden"][1].astype(np.float32) - ref.hidden).max() < 1e-2  # stored as fp16
+    assert out["k_2"].shape == (3, 2, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    for i in range(40):  # a learnable language: runs of consecutive word ids
+        start = rng.integers(4, 200, 30)
+        words = " ".join(f"w{int(s) + j}" for s in start for j in range(6))
+        (folder / f"doc_{i}.txt").write_text(words)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def peaky_llama(tmp_path_factory):
+    """A tiny random llama whose next-token law is sharp (a random init's is nearly uniform: nothing to learn)."""
+    from tests.tiny import llama_config, save_reference
+
+    folder = tmp_path_factory.mktemp("peaky")
+    model = save_reference(llama_config(), folder)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(30.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_training_reduces_loss_and_resumes(peaky_llama, corpus, tmp_path):
+    loaded = checkpoints.load(str(peaky_llama))
+    cfg = TrainConfig(batch_seqs=2, lr=1e-2, warmup=5, checkpoint_every=20)
+    out = tmp_path / "drafter"
+    report = run(loaded, out, data=[str(corpus)], max_tokens=40 * 180, hidden_size=32, num_layers=1,
+                 intermediate_size=64, num_centroids=16, top_k_clusters=4, train_cfg=cfg, max_steps=40)
+    history = json.loads((out / "training_report.json").read_text())
+    assert report["steps"] == 40 and history["steps"] == 40
+    drafter = load_drafter(out)
+    check_pair(loaded.config, drafter.cfg)
+    ckpt = torch.load(tmp_path / "drafter.work" / "run_drafter" / "checkpoint.pt", weights_only=False)
+    losses = [h["loss"] for h in ckpt["history"]]
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
+    # resume: a longer run continues from step 40 instead of starting over
+    again = run(loaded, out, data=[str(corpus)], max_tokens=40 * 180, hidden_size=32, num_layers=1,
+                intermediate_size=64, num_centroids=16, top_k_clusters=4, train_cfg=cfg, max_steps=45)
+    ckpt = torch.load(tmp_path / "drafter.work" / "run_drafter" / "checkpoint.pt", weights_only=False)
+    assert again["steps"] == 45 and len(ckpt["history"]) == 45
+
+
+def test_eval_drafter_cli_writes_tau_and_acceptance(tiny_llama, tmp_path, capsys):
+    loaded = checkpoints.load(str(tiny_llama[0]))
+    from edge_spec.drafter import save_drafter
+
+    folder = save_drafter(new_drafter(loaded.config, hidden_size=32, num_layers=1, intermediate_size=64,
+                                      num_centroids=16, top_k_clusters=4), tmp_path / "d")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7", "chat": false, "kind": "docs"}\n{"prompt": "w9", "chat": true}\n')
+    out = tmp_path / "r.json"
+    code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder), "--prompts", str(prompts),
+                 "--max-new-tokens", "8", "--spec-k", "1", "2", "--temperature", "0", "0.7", "--json", str(out)])
+    assert code == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 4 and {r["k"] for r in rows} == {1, 2}
+    for r in rows:
+        assert r["tau"] >= 1.0 and len(r["acceptance_by_position"]) == r["k"] and "docs" in r["by_kind"]
+    (tmp_path / "bad.jsonl").write_text('{"text": "no prompt field"}\n')
+    code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder),
+                 "--prompts", str(tmp_path / "bad.jsonl")])
+    assert code == 2 and "needs a string field 'prompt'" in capsys.readouterr().err
