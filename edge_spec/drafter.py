@@ -151,7 +151,8 @@ class Drafter(nn.Module):
         x = self.pre_projection(torch.cat([token_embed, hidden], dim=-1))
         cfg = self.cfg.layers
         rope = {kind: rope_cos_sin(position_ids, getattr(self, f"inv_freq_{kind}")) for kind in cfg.rope}
-        shared = dict(kv)  # REUSE layers read shared[kind]
+        # REUSE layers read shared[kind] = ((k parts), (v parts)); a plain (k, v) pair is one part each
+        shared = {kind: ((k,), (v,)) if torch.is_tensor(k) else (k, v) for kind, (k, v) in kv.items()}
         for layer, block in enumerate(self.model.layers):
             kind = cfg.layer_kinds[layer]
             x, _ = block(x, *rope[kind], masks[kind], None, None, shared, None)

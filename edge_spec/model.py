@@ -52,18 +52,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotated * sin).type_as(x)  # cos/sin stay fp32; a bf16 teacher keeps bf16 activations
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [B, H, T, D]; k, v: [B, H_kv, S, D]; mask: [B or 1, 1, T, S] additive -> [B, T, H * D].
+def attend(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention over keys cat(ks) / values cat(vs), without building the concatenation.
 
-    Grouped-query attention without copying K/V: query heads are folded to [B, H_kv, G, T, D].
-    (Runtimes use B = 1; training and teacher passes batch sequences.)
+    q: [B, H, T, D]; ks[i], vs[i]: [B, H_kv, S_i, D] (the cache, then the new rows);
+    mask: [B or 1, 1, T, sum S_i] additive -> [B, T, H * D]. Grouped-query attention without copying
+    K/V: query heads are folded to [B, H_kv, G, T, D]. (Runtimes use B = 1; training batches sequences.)
+    Scoring the parts separately avoids copying the whole cache every step (eager and exported graphs).
     """
     b, h, t, d = q.shape
-    h_kv = k.shape[1]
+    h_kv = ks[0].shape[1]
     qg = q.reshape(b, h_kv, h // h_kv, t, d)
-    scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # [B, H_kv, G, T, S]
-    probs = torch.softmax(scores.float() + mask.unsqueeze(1), dim=-1).type_as(q)
-    out = torch.matmul(probs, v.unsqueeze(2))  # [B, H_kv, G, T, D]
+    scores = torch.cat([torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) for k in ks], dim=-1) * scale
+    probs = torch.softmax(scores.float() + mask.unsqueeze(1), dim=-1).type_as(q)  # [B, H_kv, G, T, sum S_i]
+    out, start = None, 0
+    for v in vs:
+        n = v.shape[2]
+        part = torch.matmul(probs[..., start:start + n], v.unsqueeze(2))  # [B, H_kv, G, T, D]
+        out = part if out is None else out + part
+        start += n
     return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
 
 
@@ -101,7 +108,7 @@ class Attention(nn.Module):
         q = apply_rope(q, cos, sin).transpose(1, 2)  # [1, H, T, D]
         new = None
         if self.reuses_kv:
-            k_all, v_all = shared[self.kind]
+            ks, vs = shared[self.kind]  # ((k parts), (v parts)) of the layer this one shares with
         else:
             k = self.k_proj(x).view(b, t, -1, self.head_dim)
             v = self.v_proj(x).view(b, t, -1, self.head_dim) if self.v_proj is not None else k
@@ -110,11 +117,10 @@ class Attention(nn.Module):
             k = apply_rope(k, cos, sin).transpose(1, 2)  # [1, H_kv, T, D]
             v = v.transpose(1, 2)
             new = (k, v)
-            k_all = torch.cat([k_cache, k], dim=2)  # [1, H_kv, S + T, D]
-            v_all = torch.cat([v_cache, v], dim=2)
+            ks, vs = (k_cache, k), (v_cache, v)  # keys = cache slots [S] then new rows [T]
             if self.stores_kv:
-                shared[self.kind] = (k_all, v_all)
-        return self.o_proj(attend(q, k_all, v_all, mask, self.scale)), new
+                shared[self.kind] = (ks, vs)
+        return self.o_proj(attend(q, ks, vs, mask, self.scale)), new
 
 
 class MLP(nn.Module):

@@ -8,9 +8,8 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
   * one target graph for every T (prefill chunks, verify, T=1 decode): the weights dominate a decode step;
   * symbolic cache length, so the runtime binds only the slot prefix in use (no attention over 2048 empty
     slots); caches keep the contract's head-major [1, H_kv, S, D] layout;
-  * source transform `split_attention`: scores over the cache and over the new rows are computed separately
-    and concatenated (tiny [T, S + T] scores) instead of concatenating the caches (a copy of every cache per
-    step in ONNX); same maths, checked against eager by the tests;
+  * attention scores the cache and the new rows separately (edge_spec.model.attend takes key/value parts)
+    instead of concatenating the caches, which in ONNX copies every cache every step;
   * the target's input embedding table is written once, raw, as `onnx/embed_table.bin`: the target graph
     reads it as external data of its `embed_table` initializer and the drafter graph takes it as an input
     (the runtime binds one memory-mapped buffer to both), so the drafter embeds tokens - and a
@@ -31,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-import types
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -50,7 +48,7 @@ from edge_spec.drafter import Drafter, check_pair
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.manifest import (BINDING_IO, PRECISIONS, TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest,
                                 ModelEntry, TableEntry, content_id, write_bundle)
-from edge_spec.model import Attention, Transformer, apply_rope
+from edge_spec.model import Transformer
 
 ONNX_DIR = "onnx"
 TARGET_FILE = f"{ONNX_DIR}/target.onnx"
@@ -63,63 +61,6 @@ QUANT_BITS = {"int8": (8, 8), "int4": (4, 8)}  # precision -> (weight bits, outp
 # slower here), so asymmetric codes keep the symmetric kernel and add a per-block offset term instead.
 ACCURACY_LEVEL = 4
 DEFAULT_MAX_DRAFT_LEN = 8
-
-
-# ---- source transform: attention without concatenating the caches -----------------------------------
-def _attend_parts(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """edge_spec.model.attend over keys cat(ks) / values cat(vs), without building the concatenation.
-
-    q: [B, H, T, D]; ks[i], vs[i]: [B, H_kv, S_i, D]; mask: [B or 1, 1, T, sum S_i] -> [B, T, H * D].
-    """
-    b, h, t, d = q.shape
-    h_kv = ks[0].shape[1]
-    qg = q.reshape(b, h_kv, h // h_kv, t, d)
-    scores = torch.cat([torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) for k in ks], dim=-1) * scale
-    probs = torch.softmax(scores.float() + mask.unsqueeze(1), dim=-1).type_as(q)  # [1, H_kv, G, T, sum S_i]
-    out, start = None, 0
-    for v in vs:
-        n = v.shape[2]
-        part = torch.matmul(probs[..., start:start + n], v.unsqueeze(2))  # [1, H_kv, G, T, D]
-        out = part if out is None else out + part
-        start += n
-    return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
-
-
-def _split_attention_forward(self: Attention, x, cos, sin, mask, k_cache, v_cache, shared: dict):
-    """Attention.forward with `shared[kind]` = ((k parts), (v parts)) and no cache concatenation."""
-    b, t = x.shape[:2]
-    q = self.q_proj(x).view(b, t, -1, self.head_dim)
-    if self.gemma:
-        q = self.q_norm(q)
-    q = apply_rope(q, cos, sin).transpose(1, 2)  # [1, H, T, D]
-    new = None
-    if self.reuses_kv:
-        ks, vs = shared[self.kind]
-    else:
-        k = self.k_proj(x).view(b, t, -1, self.head_dim)
-        v = self.v_proj(x).view(b, t, -1, self.head_dim) if self.v_proj is not None else k
-        if self.gemma:
-            k, v = self.k_norm(k), self.v_norm(v)
-        k = apply_rope(k, cos, sin).transpose(1, 2)  # [1, H_kv, T, D]
-        v = v.transpose(1, 2)
-        new = (k, v)
-        ks, vs = (k_cache, k), (v_cache, v)
-        if self.stores_kv:
-            shared[self.kind] = (ks, vs)
-    return self.o_proj(_attend_parts(q, ks, vs, mask, self.scale)), new
-
-
-@contextlib.contextmanager
-def split_attention(*modules: nn.Module):
-    """Temporarily route every Attention of `modules` through `_split_attention_forward`."""
-    patched = [m for root in modules for m in root.modules() if isinstance(m, Attention)]
-    for m in patched:
-        m.forward = types.MethodType(_split_attention_forward, m)
-    try:
-        yield
-    finally:
-        for m in patched:
-            del m.forward
 
 
 # ---- flat-tensor wrappers (the exported signatures) ----------------------------------------------------
@@ -140,14 +81,14 @@ class TargetGraph(nn.Module):
 class DrafterGraph(nn.Module):
     """(token, hidden, position, masks, source caches, tables) -> (candidate ids, their logits, next hidden)."""
 
-    def __init__(self, drafter: Drafter, kinds: tuple[str, ...], embed_scale: float, split: bool):
+    def __init__(self, drafter: Drafter, kinds: tuple[str, ...], embed_scale: float):
         super().__init__()
-        self.drafter, self.kinds, self.embed_scale, self.split = drafter, kinds, embed_scale, split
+        self.drafter, self.kinds, self.embed_scale = drafter, kinds, embed_scale
 
     def forward(self, input_ids, hidden, position_ids, masks: tuple, caches: tuple, tables: tuple):
         token_embed = F.embedding(input_ids, tables[0]) * self.embed_scale  # the target's embed(), [1, 1, Ht]
         pairs = [(caches[2 * i], caches[2 * i + 1]) for i in range(len(self.kinds))]
-        kv_in = {kind: (((k,), (v,)) if self.split else (k, v)) for kind, (k, v) in zip(self.kinds, pairs)}
+        kv_in = {kind: (k, v) for kind, (k, v) in zip(self.kinds, pairs)}
         head_table = tables[-1] if self.drafter.cfg.head_from == "target" else None
         out = self.drafter(token_embed, hidden, position_ids, dict(zip(self.kinds, masks)), kv_in, head_table)
         return out.token_ids, out.logits, out.hidden
@@ -234,8 +175,7 @@ def _example_lengths(layout: kv.KVLayout) -> dict[str, int]:
     return {kind: 5 + 2 * i for i, kind in enumerate(layout.kinds())}
 
 
-def export_target(model: Transformer, layout: kv.KVLayout, *, split: bool = True,
-                  exporter: str = "dynamo") -> onnx.ModelProto:
+def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "dynamo") -> onnx.ModelProto:
     cfg = model.cfg
     io = kv.target_io(layout, cfg.vocab_size, cfg.hidden_size)
     kinds = layout.kinds()
@@ -248,12 +188,11 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, split: bool = True
     s_dims = {kind: torch.export.Dim(kv.slots_dim(kind), min=1, max=layout.slots(kind)) for kind in kinds}
     dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in kinds),
                tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"))
-    with split_attention(model) if split else contextlib.nullcontext():
-        return _torch_export(TargetGraph(model, kinds).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
+    return _torch_export(TargetGraph(model, kinds).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
 
 
 def export_drafter(drafter: Drafter, target: Transformer, layout: kv.KVLayout, sources: dict[str, int], *,
-                   split: bool = True, exporter: str = "dynamo") -> onnx.ModelProto:
+                   exporter: str = "dynamo") -> onnx.ModelProto:
     cfg = target.cfg
     kinds = tuple(sorted(sources))
     output_table = needs_output_table(cfg, drafter)
@@ -272,9 +211,8 @@ def export_drafter(drafter: Drafter, target: Transformer, layout: kv.KVLayout, s
     s_dims = {kind: torch.export.Dim(kv.slots_dim(kind), min=1, max=layout.slots(kind)) for kind in kinds}
     dynamic = (None, None, None, tuple({3: s_dims[k]} for k in kinds), tuple({2: s_dims[k]} for k in kinds for _ in "kv"),
                tuple({} for _ in tables))
-    wrapper = DrafterGraph(drafter, kinds, float(target.embed_scale), split).eval()
-    with split_attention(drafter) if split else contextlib.nullcontext():
-        return _torch_export(wrapper, (ids, hidden, pos, masks, caches, tables), dynamic, io, exporter)
+    wrapper = DrafterGraph(drafter, kinds, float(target.embed_scale)).eval()
+    return _torch_export(wrapper, (ids, hidden, pos, masks, caches, tables), dynamic, io, exporter)
 
 
 def needs_output_table(cfg, drafter: Drafter | None) -> bool:
@@ -445,7 +383,7 @@ def export_steps(with_drafter: bool) -> int:
 
 def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
                   drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
-                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, split: bool = True, exporter: str = "dynamo",
+                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, exporter: str = "dynamo",
                   progress: Callable[[str], None] | None = None) -> Path:
     """Export `target` (+ `drafter`) to an ONNX bundle at `out`, atomically. `progress(step)` is called before
     each step (the CLI feeds a tqdm bar)."""
@@ -467,7 +405,7 @@ def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | No
         if needs_output_table(cfg, drafter):
             tables[kv.OUTPUT_TABLE] = _table_entry(tmp, kv.OUTPUT_TABLE, target.model.lm_head.weight)
         step("exporting the target graph")
-        proto = export_target(target.model, layout, split=split, exporter=exporter)
+        proto = export_target(target.model, layout, exporter=exporter)
         _rename_embedding_table(proto, target.model.model.embed_tokens.weight.detach().numpy())
         step(f"quantizing the target graph ({precision})" if precision != "fp32" else "saving the target graph")
         proto = quantize(proto, precision, cfg.vocab_size)
@@ -477,7 +415,7 @@ def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | No
         drafter_entry = None
         if drafter is not None:
             step("exporting the drafter graph")
-            dproto = export_drafter(drafter, target.model, layout, sources, split=split, exporter=exporter)
+            dproto = export_drafter(drafter, target.model, layout, sources, exporter=exporter)
             step(f"quantizing the drafter graph ({precision})" if precision != "fp32" else "saving the drafter graph")
             dproto = quantize(dproto, precision, cfg.vocab_size)
             save_graph(dproto, tmp / DRAFTER_FILE, {})

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..checkpoints import LoadedModel
-from ..clustering import balanced_kmeans, recall
+from ..clustering import balanced_kmeans
 from ..drafter import check_pair, new_drafter, save_drafter
 from ..errors import ConfigError
 from . import data as D
@@ -109,7 +108,7 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
     source_layers = sorted(set(sources.values()))
 
     # 1. corpora -> sequences (train and held-out)
-    roots, kinds = [], {}
+    roots = []
     for item in data:
         if item == "debian-docs":
             roots += D.fetch_debian_docs(work / "corpora")

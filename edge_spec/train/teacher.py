@@ -7,8 +7,6 @@ only drafter *quality* depends on this, never decoding correctness.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
