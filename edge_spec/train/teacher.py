@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..kv import NEG_INF
 from ..model import Transformer
 
@@ -59,7 +60,8 @@ def batched_greedy(model: Transformer, prompts: list[list[int]], *, max_new_toke
     """Greedy continuations of many prompts at once (left-padded batch, growing K/V by concatenation)."""
     cfg = model.cfg
     if any(k != "full" for k in cfg.layer_kinds):
-        raise NotImplementedError("batched regeneration supports full-attention targets (e.g. SmolLM2) only")
+        raise ConfigError("regenerated data (the 'chat' source) needs a full-attention target such as SmolLM2",
+                          "for targets with sliding-window layers pass --data without 'chat'")
     b = len(prompts)
     width = max(map(len, prompts))
     ids = torch.zeros(b, width, dtype=torch.long)

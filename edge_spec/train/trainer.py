@@ -176,7 +176,7 @@ def train(drafter: Drafter, data: ShardData, embed: torch.Tensor, table: torch.T
             history.append({"step": step, "loss": float(loss.detach()), "steps": metrics})
             bar.update(1)
             if "top1" in metrics[0]:
-                bar.set_postfix(loss=f"{float(loss):.3f}", top1=" ".join(f"{m['top1']:.2f}" for m in metrics))
+                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=" ".join(f"{m['top1']:.2f}" for m in metrics))
             if step % cfg.checkpoint_every == 0 or step == total_steps:
                 tmp = ckpt_path.with_suffix(".tmp")
                 torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
