@@ -56,14 +56,19 @@ def resolve(model: str) -> Path:
     return path
 
 
-def read_config(folder: Path) -> ModelConfig:
+def read_config_json(folder: Path, what: str = "a Hugging Face checkpoint folder") -> tuple[Path, dict]:
+    """folder/config.json parsed, or a CheckpointError naming the file (missing / not JSON)."""
     path = folder / "config.json"
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing", "a Hugging Face checkpoint folder needs its config.json")
+        raise CheckpointError(f"{path} is missing", f"{what} needs its config.json")
     try:
-        raw = json.loads(path.read_text())
+        return path, json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path} is not valid JSON ({err})", "restore config.json from the original checkpoint") from err
+
+
+def read_config(folder: Path) -> ModelConfig:
+    path, raw = read_config_json(folder)
     return from_hf_dict(raw, source=str(path))
 
 

@@ -227,18 +227,12 @@ def check_pair(target: ModelConfig, drafter: DrafterConfig) -> dict[str, int]:
 
 # ---- loading ---------------------------------------------------------------------------------------
 def load_drafter(folder: str | Path) -> Drafter:
-    from .checkpoints import read_safetensors  # one reader for every checkpoint
+    from .checkpoints import read_config_json, read_safetensors  # one reader for every checkpoint
 
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise CheckpointError(f"drafter folder {folder} does not exist", "pass --drafter builtin or a drafter folder")
-    path = folder / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing", "a drafter folder needs its config.json")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON ({err})", "restore the drafter's config.json") from err
+    path, raw = read_config_json(folder, "a drafter folder")
     module = Drafter(drafter_config_from_dict(raw, str(path)))
     expected = module.state_dict()
     loaded = {}
