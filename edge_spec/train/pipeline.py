@@ -155,9 +155,8 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
             drafter.masked_embedding.centroids.weight.copy_(torch.from_numpy(z["centroids"]) * 4.0)
 
     # 4. training (resumable)
-    src = {kind: layer for kind, layer in sources.items()}
-    train_data = ShardData(train_shards, src)
-    held = ShardData(shards["held_out_text"], src) if "held_out_text" in shards else None
+    train_data = ShardData(train_shards, sources)
+    held = ShardData(shards["held_out_text"], sources) if "held_out_text" in shards else None
     embed_scale = float(loaded.model.embed_scale)
     run_dir = work / f"run_{out.name}"
     run_dir.mkdir(exist_ok=True)

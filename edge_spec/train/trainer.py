@@ -5,7 +5,8 @@ For every anchor position L of a sequence (cache = positions < L, bonus token x[
     step j: input (E[x[L+j-1]], g_{j-1})  -> match softmax(H[L+j-1] E^T)
 where g is the drafter's own projected hidden (fed back, as at inference), E the target's output table.
 All anchors of a batch run at once as query rows at positions L with a strict causal mask over the
-source layer's cached keys. Loss = sum_j decay^(j-1) (KL_tokens + KL_clusters).
+source layer's cached keys. Loss = sum_j decay^(j-1) (CE_tokens + w * CE_clusters), soft cross-entropies
+against the target's law truncated to its top 64 tokens (see mtp_loss).
 """
 
 from __future__ import annotations
@@ -109,8 +110,7 @@ class ShardData:
     def __init__(self, shard_paths: list[Path], sources: dict[str, int]):
         self.paths = shard_paths
         self.sources = sources
-        self.sizes = [int(np.load(p, mmap_mode="r")["tokens"].shape[0]) if p.suffix == ".npy" else
-                      int(np.load(p)["tokens"].shape[0]) for p in shard_paths]
+        self.sizes = [int(np.load(p)["tokens"].shape[0]) for p in shard_paths]  # npz members load lazily
 
     def __len__(self) -> int:
         return sum(self.sizes)
