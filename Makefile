@@ -20,13 +20,14 @@ $(STAMP): pyproject.toml Makefile
 
 BUNDLE ?= bundles/smollm2-fp32
 
-# main job: export SmolLM2 + its built-in drafter to an ONNX bundle, then plain vs speculative generation
-# with onnxruntime (each run prints its speed; the speculative run also prints tau and acceptance).
-# fp32: int8/int4 bundles are not yet bit-exact between plain and speculative greedy (see README).
+# main job: export SmolLM2 + its built-in drafter to an ONNX bundle, generate plain and speculatively with
+# onnxruntime (each run prints its speed), then `edge-spec bench` prints the measured speedup table.
+# fp32: int8/int4 bundles are not bit-exact between plain and speculative greedy (see README).
 demo: venv
 	$(BIN)/edge-spec export --model smollm2-135m --drafter builtin --quant fp32 --out $(BUNDLE)
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --chat --prompt "$(PROMPT)" --max-new-tokens 96 --no-spec
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --chat --prompt "$(PROMPT)" --max-new-tokens 96 --adaptive
+	$(BIN)/edge-spec bench --bundle $(BUNDLE) --threads 2 --num-prompts 3 --spec-k 2 4 --adaptive --max-new-tokens 64
 
 test: venv
 	$(BIN)/python -m pytest -q -m "not slow"

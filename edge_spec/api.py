@@ -128,7 +128,7 @@ def _check_runtime(runtime: str) -> None:
 
 def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: str | None = None,
          max_context: int | None = None, threads: int | None = None, bundle: str | Path | None = None,
-         provider: str = "cpu") -> Engine:
+         provider: str = "cpu", spin: bool = True) -> Engine:
     """Load a built-in model name or a local Hugging Face folder (+ optionally a drafter: 'builtin' or a
     folder) and return a ready Engine. With `bundle=DIR`, load an exported bundle instead (see `load_bundle`;
     runtime defaults to "ort" there, "torch" otherwise)."""
@@ -137,7 +137,7 @@ def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: st
             raise ConfigError("a bundle brings its own drafter; `drafter` cannot be combined with `bundle`",
                               "re-export the bundle with --drafter, or load the checkpoint instead of the bundle")
         return load_bundle(bundle, runtime=runtime or "ort", threads=threads, provider=provider,
-                           max_context=max_context)
+                           max_context=max_context, spin=spin)
     runtime = runtime or "torch"
     _check_runtime(runtime)
     if runtime != "torch":
@@ -164,12 +164,15 @@ def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
 
 
 def load_bundle(folder: str | Path, *, runtime: str = "ort", threads: int | None = None, provider: str = "cpu",
-                max_context: int | None = None, verify_checksums: bool = True) -> Engine:
+                max_context: int | None = None, verify_checksums: bool = True, spin: bool = True) -> Engine:
     """Load an exported bundle (verified: schema, sha256 of every file, drafter/target pairing).
 
     runtime "ort": onnxruntime over the bundle's graphs (`provider`: cpu | xnnpack | coreml | qnn);
     runtime "torch": the eager reference, reloading the checkpoints the bundle was exported from (their
     content hashes must match the manifest). Speculative decoding is on by default when the bundle has a drafter.
+    `spin`: the target session's idle threads busy-wait between steps (onnxruntime's default, fastest on an
+    otherwise idle machine); False lets them sleep (use it when other processes share the cores). The
+    drafter session never spins: it runs between target steps and its spinning would steal their cores.
     """
     _check_runtime(runtime)
     folder = Path(folder).expanduser()
@@ -186,11 +189,12 @@ def load_bundle(folder: str | Path, *, runtime: str = "ort", threads: int | None
 
     tables = {name: read_table(folder, entry) for name, entry in manifest.tables.items()}
     target = make_session(folder / manifest.graphs["target"].file, provider=provider, threads=threads,
-                          initializers={kv.EMBED_TABLE: tables[kv.EMBED_TABLE]})
+                          initializers={kv.EMBED_TABLE: tables[kv.EMBED_TABLE]}, spin=spin)
     backend = OrtBackend(target, layout, manifest.vocab_size, manifest.hidden_size)
     runner = None
     if manifest.drafter is not None:
-        session = make_session(folder / manifest.graphs["drafter"].file, provider=provider, threads=threads)
+        session = make_session(folder / manifest.graphs["drafter"].file, provider=provider, threads=threads,
+                               spin=False)
         wanted = {t.name for t in manifest.graphs["drafter"].io.inputs}
         runner = OrtDrafter(session, backend, {k: int(v) for k, v in manifest.drafter.kv_sharing.items()},
                             {name: t for name, t in tables.items() if name in wanted},

@@ -22,6 +22,7 @@ class StepOutput(NamedTuple):
 class Backend(Protocol):
     layout: KVLayout
     name: str
+    kernel_s: float  # running total of seconds inside the runtime's compute call (benchmarks split time with it)
 
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
                 n_cached: int, last_only: bool) -> StepOutput:
@@ -95,6 +96,8 @@ class DraftStep(NamedTuple):
 
 class DrafterBackend(Protocol):
     """A drafter reading the *target backend's* caches (it owns none)."""
+
+    kernel_s: float  # as Backend.kernel_s
 
     def begin(self, position: int, masks: dict[str, np.ndarray], n_cached: int) -> None:
         """Start a burst at the bonus token's `position`; masks: kind -> [1, 1, 1, S_kind]."""

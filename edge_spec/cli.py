@@ -45,6 +45,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache size in tokens (default min(2048, model max); a bundle's own by default)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
+    p.add_argument("--no-spin", action="store_true",
+                   help="ort: idle threads sleep instead of busy-waiting (slower on an idle machine, much faster "
+                        "when other processes share the cores)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"],
                      help="torch.onnx exporter: dynamo (default, faster graphs) or torchscript (exports ~10x faster)")
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
+    bench = sub.add_parser("bench", help="measure plain vs speculative decoding (+ peers): Markdown, JSON, plot")
+    _add_model(bench)
+    bench.add_argument("--drafter", default=None, help="with --model: 'builtin' or a drafter folder")
+    bench.add_argument("--prompts", default=None,
+                       help="JSONL {\"prompt\": ..., \"chat\": true|false} (default: 9 shipped prompts, chat/docs/code)")
+    bench.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    bench.add_argument("--spec-k", type=int, nargs="+", default=[1, 2, 4, 8], help="k values (default 1 2 4 8)")
+    bench.add_argument("--temperature", type=float, nargs="+", default=[0.0], help="temperatures (default 0)")
+    bench.add_argument("--adaptive", action="store_true", help="also measure adaptive k (max = largest --spec-k)")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=1, help="passes over the prompts (default 1)")
+    bench.add_argument("--peer", action="append", choices=["llama.cpp"],
+                       help="also time a peer's plain decode of the same model (llama.cpp: llama-cpp-python)")
+    bench.add_argument("--peer-gguf", nargs="+", default=None, help="GGUF files for --peer llama.cpp")
+    bench.add_argument("--peer-quant", nargs="+", default=None, choices=["f32", "q8_0", "q4_0", "q4_1"],
+                       help="--peer llama.cpp on the built-in SmolLM2 GGUF (Q4_1) re-encoded by llama.cpp as these "
+                            "types (default q4_1: the file itself)")
+    bench.add_argument("--json", default=None, help="write a JSON list: one object per configuration and per peer")
+    bench.add_argument("--markdown", default=None, help="write the Markdown table (with the command line) here")
+    bench.add_argument("--plot", default=None, help="write a PNG: tok/s vs k and acceptance by position")
     head = sub.add_parser("bench-head", help="benchmark the clustered vs dense drafter head (Markdown table)")
     head.add_argument("--model", default="smollm2-135m")
     head.add_argument("--hidden-size", type=int, default=256, help="drafter hidden size (default 256)")
@@ -81,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(sub)
     return parser
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(args)
 
 
 def cmd_bench_head(args: argparse.Namespace) -> int:
@@ -133,7 +162,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                           "drop --model/--drafter, or drop --bundle to run a checkpoint")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime,
-                  max_context=args.max_context, threads=args.threads, bundle=args.bundle, provider=args.provider)
+                  max_context=args.max_context, threads=args.threads, bundle=args.bundle, provider=args.provider,
+                  spin=not args.no_spin)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -156,7 +186,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _commands() -> dict:
     from .drafter_cli import COMMANDS as drafter_commands
 
-    return {"generate": cmd_generate, "export": cmd_export, "bench-head": cmd_bench_head, **drafter_commands}
+    return {"generate": cmd_generate, "export": cmd_export, "bench": cmd_bench, "bench-head": cmd_bench_head,
+            **drafter_commands}
 
 
 def main(argv: list[str] | None = None) -> int:

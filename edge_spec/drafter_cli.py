@@ -34,6 +34,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--head-from", choices=["target", "drafter"], default="target",
                     help="score tokens with the target's own output embedding (default) or a table of the drafter's")
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--init", default=None,
+                    help="start from this drafter ('builtin' or a folder) instead of a fresh one; its shape wins")
+    tr.add_argument("--shard-bits", type=int, choices=[16, 4], default=16,
+                    help="teacher activations on disk: fp16, or 4-bit codes after a Hadamard rotation (3.8x smaller)")
+    tr.add_argument("--vocab-sample", type=int, default=4096,
+                    help="uniform negatives of the sampled-softmax loss (0 = full vocabulary, ~3x slower)")
 
     ev = sub.add_parser("eval-drafter", help="speculative generation over JSONL prompts: tau, acceptance by position")
     ev.add_argument("--model", default="smollm2-135m")
@@ -44,6 +50,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--temperature", type=float, nargs="+", default=[0.0], help="one or more temperatures")
     ev.add_argument("--json", default=None, help="write the results (a list, one object per k x temperature)")
     ev.add_argument("--threads", type=int, default=None)
+    ev.add_argument("--bundle", default=None,
+                    help="evaluate an exported bundle's target + drafter with onnxruntime instead (much faster on CPU)")
+    ev.add_argument("--no-spin", action="store_true", help="with --bundle: idle onnxruntime threads sleep (shared cores)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -52,13 +61,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train.trainer import TrainConfig
 
     cfg = TrainConfig(steps_ahead=args.steps_ahead, optimizer=args.optimizer, lr=args.lr, batch_seqs=args.batch_seqs,
-                      epochs=args.epochs, seed=args.seed)
+                      epochs=args.epochs, seed=args.seed, vocab_sample=args.vocab_sample)
+    init = None
+    if args.init:
+        from .api import resolve_drafter
+        init = resolve_drafter(args.init, args.target)
     report = run(load(args.target), Path(args.out), data=args.data, max_tokens=args.max_tokens,
                  max_chat_prompts=args.max_chat_prompts, max_regen_text=args.regen_text, chat_max_new=args.regen_tokens,
                  chat_batch=args.regen_batch, hidden_size=args.hidden_size, num_layers=args.layers,
                  intermediate_size=args.intermediate_size, num_centroids=args.centroids,
                  top_k_clusters=args.top_k_clusters, head_from=args.head_from, train_cfg=cfg, max_steps=args.max_steps,
-                 work=Path(args.work) if args.work else None)
+                 work=Path(args.work) if args.work else None, init=init, shard_bits=args.shard_bits)
     print(json.dumps({k: report[k] for k in ("steps", "data", "drafter", "held_out", "total_seconds") if k in report},
                      indent=2, default=float))
     print(f"drafter written to {args.out}", file=sys.stderr)
@@ -67,14 +80,22 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .api import load
+    from .errors import ConfigError
     from .train.evaluate import DEFAULT_PROMPTS, evaluate, read_prompts
 
     prompts = read_prompts(Path(args.prompts) if args.prompts else DEFAULT_PROMPTS)
-    engine = load(args.model, drafter=args.drafter, threads=args.threads)
+    if args.bundle:
+        engine = load(bundle=args.bundle, threads=args.threads, spin=not args.no_spin)
+        if engine.drafter is None:
+            raise ConfigError(f"bundle {args.bundle} has no drafter", "export it with --drafter builtin (or PATH)")
+    else:
+        engine = load(args.model, drafter=args.drafter, threads=args.threads)
     results = []
     for temperature in args.temperature:
         for k in args.spec_k:
             r = evaluate(engine, prompts, k=k, temperature=temperature, max_new_tokens=args.max_new_tokens)
+            r.update(runtime=engine.runtime, precision=engine.manifest.precision if engine.manifest else "fp32",
+                     drafter=engine.manifest.drafter.name if engine.manifest else args.drafter)
             results.append(r)
             acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
             kinds = " ".join(f"{name}={v['tau']:.2f}" for name, v in sorted(r["by_kind"].items()))

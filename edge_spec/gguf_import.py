@@ -146,15 +146,19 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, *, progress: bool = True)
     return out_dir
 
 
+def cache_root() -> Path:
+    """`$EDGE_SPEC_CACHE`, else `~/.cache/edge-spec`."""
+    env = os.environ.get(CACHE_ENV_VAR)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "edge-spec"
+
+
 def builtin_smollm2_folder(cache_dir: Path | None = None) -> Path:
     """Hugging Face folder of the built-in SmolLM2-135M-Instruct, converted on first use.
 
     `cache_dir` is the parent cache directory (default: `$EDGE_SPEC_CACHE`, else
     `~/.cache/edge-spec`); the model lives in `<cache_dir>/smollm2-135m-instruct`.
     """
-    if cache_dir is None:
-        env = os.environ.get(CACHE_ENV_VAR)
-        cache_dir = Path(env).expanduser() if env else Path.home() / ".cache" / "edge-spec"
+    cache_dir = cache_root() if cache_dir is None else cache_dir
     return convert_gguf_to_hf(find_smollm2_gguf(), Path(cache_dir) / SMOLLM2_FOLDER_NAME)
 
 

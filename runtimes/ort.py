@@ -15,6 +15,8 @@ memory-mapped `embed_table` of the bundle: it owns no cache and no copy of the t
 
 from __future__ import annotations
 
+import time
+
 import os
 from pathlib import Path
 
@@ -49,8 +51,9 @@ def make_session(path: Path, *, provider: str = "cpu", threads: int | None = Non
     """An InferenceSession on `provider` (cpu | xnnpack | coreml | qnn) with `threads` intra-op threads.
 
     `initializers`: name -> numpy array supplied by the caller instead of the file's copy (shared tables).
-    `spin`: let idle intra-op threads busy-wait (onnxruntime's default). Off here: with another process on the
-    cores, spinning threads cost SmolLM2 int8 decode ~45% (2 threads, measured); see docs/architecture.md."""
+    `spin`: let idle intra-op threads busy-wait (onnxruntime's default). On an idle 2-core machine spinning makes
+    SmolLM2 int8 plain decode ~40% faster; with another process on the cores it costs ~45% (both measured,
+    docs/architecture.md), so callers choose (edge_spec.api.load_bundle: target on, drafter off)."""
     ort = _import_ort()
     if provider not in PROVIDERS:
         raise ConfigError(f"unknown execution provider {provider!r}", f"choose one of {', '.join(PROVIDERS)}")
@@ -153,6 +156,7 @@ class OrtBackend:
         self._bound = None  # (T, buckets) the binding was made for
         self._pending = 0  # T of the last forward (its new rows sit in buffers.new)
         self.generation = 0  # bumped whenever a cache view moves (the drafter rebinds then)
+        self.kernel_s = 0.0  # seconds spent inside onnxruntime (the rest of a step is Python)
 
     # -- cache views -------------------------------------------------------------------------------
     def cache_views(self, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -197,7 +201,9 @@ class OrtBackend:
         if signature != self._bound:
             self._rebind(t, mask_views)
             self._bound = signature
+        start = time.perf_counter()
         self.session.run_with_iobinding(self.binding)
+        self.kernel_s += time.perf_counter() - start
         self._pending = t
         rows = slice(t - 1, t) if last_only else slice(0, t)
         logits = buf.logits[:t * self.vocab].reshape(t, self.vocab)[rows].copy()
@@ -271,6 +277,7 @@ class OrtDrafter:
         self.out_hidden = np.zeros((1, 1, h), dtype=np.float32)
         self.binding = session.io_binding()
         self._bound = None
+        self.kernel_s = 0.0  # seconds spent inside onnxruntime
 
     def begin(self, position: int, masks: dict[str, np.ndarray], n_cached: int) -> None:
         self.pos[0, 0] = position
@@ -307,7 +314,9 @@ class OrtDrafter:
     def step(self, token: int, hidden: np.ndarray) -> DraftStep:
         self.ids[0, 0] = token
         self.hidden[0, 0] = hidden
+        start = time.perf_counter()
         self.session.run_with_iobinding(self.binding)
+        self.kernel_s += time.perf_counter() - start
         return DraftStep(self.out_ids.copy(), self.out_logits.copy(), self.out_hidden[0, 0].copy())
 
 

@@ -7,6 +7,8 @@ forward and are copied into their slots on commit. Full-attention layers only ev
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -27,6 +29,7 @@ class TorchBackend:
         self.k = [torch.zeros(s.shape) for s in self.specs]  # [1, H_kv, S, D] each
         self.v = [torch.zeros(s.shape) for s in self.specs]
         self._pending: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self.kernel_s = 0.0  # seconds spent in the model's forward (the rest of a step is loop Python)
 
     def _visible_slots(self, spec: CacheSpec, n_cached: int) -> int:
         return n_cached if spec.kind == FULL else spec.slots
@@ -42,8 +45,10 @@ class TorchBackend:
             torch_masks[kind] = torch.from_numpy(np.concatenate([mask[..., :keep], mask[..., s:]], axis=-1))
         ks = [k[:, :, :self._visible_slots(spec, n_cached)] for k, spec in zip(self.k, self.specs)]
         vs = [v[:, :, :self._visible_slots(spec, n_cached)] for v, spec in zip(self.v, self.specs)]
+        start = time.perf_counter()
         out = self.model(torch.from_numpy(input_ids), torch.from_numpy(position_ids), torch_masks, ks, vs,
                          last_only=last_only)
+        self.kernel_s += time.perf_counter() - start
         assert out.new_k[0].shape[2] == t
         self._pending = (out.new_k, out.new_v)
         return StepOutput(out.logits[0].float().numpy(), out.hidden[0].float().numpy())
@@ -70,6 +75,7 @@ class TorchDrafter:
         index = {spec.layer: i for i, spec in enumerate(target.specs)}
         self.sources = {kind: index[layer] for kind, layer in sources.items()}
         self._burst = None
+        self.kernel_s = 0.0
 
     @torch.no_grad()
     def begin(self, position: int, masks: dict[str, np.ndarray], n_cached: int) -> None:
@@ -87,6 +93,8 @@ class TorchDrafter:
 
         position_ids, masks, kv = self._burst
         embed = self.target.model.embed(torch.tensor([[token]]))  # [1, 1, Ht]
+        start = time.perf_counter()
         out = self.drafter(embed, torch.from_numpy(hidden).view(1, 1, -1), position_ids, masks, kv,
                            self.target.model.lm_head.weight)
+        self.kernel_s += time.perf_counter() - start
         return DraftStep(out.token_ids.numpy(), out.logits.numpy(), out.hidden[0, 0].numpy())

@@ -8,6 +8,7 @@ import json
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 
 from edge_spec import checkpoints, kv
@@ -181,6 +182,11 @@ def test_quantized_bundle_logits_within_bound_and_speculative_exact(llama, tmp_p
     folder = export_bundle(target, tmp_path / precision, drafter=drafter, precision=precision, max_context=64)
     manifest = read_manifest(folder)
     assert manifest.precision == precision and manifest.graphs["target"].precision == precision
+    graph = onnx.load(folder / manifest.graphs["target"].file, load_external_data=False).graph
+    nbits = [(n.input[0], next(a.i for a in n.attribute if a.name == "bits")) for n in graph.node
+             if n.op_type == "MatMulNBits"]
+    layers = target.config.num_layers  # q/k/v fused, o, gate/up fused, down; + the head
+    assert len(nbits) == len(set(nbits)) == 4 * layers + 1, "sibling MatMuls of one input must be fused"
     backend, ort_drafter, engine = ort_parts(folder)
     ours, ref = Session(backend), Session(TorchBackend(target.model, manifest.layout))
     ids = prompt_ids(24, seed=11)

@@ -82,12 +82,16 @@ def peaky_llama(tmp_path_factory):
     return folder
 
 
-def test_training_reduces_loss_and_resumes(peaky_llama, corpus, tmp_path):
+@pytest.mark.parametrize("shard_bits", [16, 4])
+def test_training_reduces_loss_and_resumes(peaky_llama, corpus, tmp_path, shard_bits):
     loaded = checkpoints.load(str(peaky_llama))
     cfg = TrainConfig(batch_seqs=2, lr=1e-2, warmup=5, checkpoint_every=20)
     out = tmp_path / "drafter"
     report = run(loaded, out, data=[str(corpus)], max_tokens=40 * 180, hidden_size=32, num_layers=1,
-                 intermediate_size=64, num_centroids=16, top_k_clusters=4, train_cfg=cfg, max_steps=40)
+                 intermediate_size=64, num_centroids=16, top_k_clusters=4, train_cfg=cfg, max_steps=40,
+                 shard_bits=shard_bits)
+    assert report["shard_bits"] == shard_bits
+    assert any((tmp_path / "drafter.work").glob("shards*/*/shard_0000.top64.npz"))
     history = json.loads((out / "training_report.json").read_text())
     assert report["steps"] == 40 and history["steps"] == 40
     drafter = load_drafter(out)
@@ -97,7 +101,8 @@ def test_training_reduces_loss_and_resumes(peaky_llama, corpus, tmp_path):
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
     # resume: a longer run continues from step 40 instead of starting over
     again = run(loaded, out, data=[str(corpus)], max_tokens=40 * 180, hidden_size=32, num_layers=1,
-                intermediate_size=64, num_centroids=16, top_k_clusters=4, train_cfg=cfg, max_steps=45)
+                intermediate_size=64, num_centroids=16, top_k_clusters=4, train_cfg=cfg, max_steps=45,
+                shard_bits=shard_bits)
     ckpt = torch.load(tmp_path / "drafter.work" / "run_drafter" / "checkpoint.pt", weights_only=False)
     assert again["steps"] == 45 and len(ckpt["history"]) == 45
 
@@ -122,3 +127,28 @@ def test_eval_drafter_cli_writes_tau_and_acceptance(tiny_llama, tmp_path, capsys
     code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder),
                  "--prompts", str(tmp_path / "bad.jsonl")])
     assert code == 2 and "needs a string field 'prompt'" in capsys.readouterr().err
+
+
+def test_eval_drafter_on_a_bundle_matches_the_checkpoint_pair(tiny_llama, tmp_path):
+    """The ORT bundle path measures the same tau (greedy: same tokens, same acceptances) as eager."""
+    from edge_spec.drafter import save_drafter
+    from edge_spec.exporters.onnx import export_bundle
+
+    loaded = checkpoints.load(str(tiny_llama[0]))
+    drafter = new_drafter(loaded.config, hidden_size=32, num_layers=1, intermediate_size=64, num_centroids=16,
+                          top_k_clusters=4)
+    folder = save_drafter(drafter, tmp_path / "d")
+    bundle = export_bundle(loaded, tmp_path / "b", drafter=drafter, drafter_source=str(folder), max_context=96)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7", "chat": false}\n{"prompt": "w9 w2", "chat": false}\n')
+    rows = {}
+    for name, source in {"eager": ["--model", str(tiny_llama[0]), "--drafter", str(folder)],
+                         "ort": ["--bundle", str(bundle)]}.items():
+        assert main(["eval-drafter", *source, "--prompts", str(prompts), "--max-new-tokens", "10", "--spec-k", "2",
+                     "--json", str(tmp_path / f"{name}.json")]) == 0
+        rows[name] = json.loads((tmp_path / f"{name}.json").read_text())[0]
+    assert rows["ort"]["runtime"] == "ort" and rows["eager"]["runtime"] == "torch"
+    assert rows["ort"]["tau"] == rows["eager"]["tau"]
+    assert rows["ort"]["acceptance_by_position"] == rows["eager"]["acceptance_by_position"]
+    assert main(["eval-drafter", "--bundle", str(export_bundle(loaded, tmp_path / "plain", max_context=96)),
+                 "--prompts", str(prompts)]) == 2

@@ -16,11 +16,12 @@ from tqdm.auto import tqdm
 
 from ..checkpoints import LoadedModel
 from ..clustering import balanced_kmeans
-from ..drafter import check_pair, new_drafter, save_drafter
+from ..drafter import check_pair, load_drafter, new_drafter, save_drafter
 from ..errors import ConfigError
 from . import data as D
+from .shard_quant import encode_arrays
 from .teacher import autocast_dtype, batched_greedy, extract
-from .trainer import ShardData, TrainConfig, train
+from .trainer import ShardData, TrainConfig, top_sidecar, train, write_teacher_top
 
 SEQ_LEN = 256
 BUILTIN_SOURCES = ("debian-docs", "stdlib", "chat")
@@ -74,15 +75,23 @@ def chat_sequences(loaded: LoadedModel, prompts: list[str], *, max_new_tokens: i
 
 
 def make_shards(loaded: LoadedModel, sequences: np.ndarray, source_layers: list[int], folder: Path, *,
-                dtype, shard_seqs: int = 128) -> list[Path]:
+                dtype, shard_seqs: int = 128, bits: int = 16) -> list[Path]:
+    """Teacher activations of `sequences`, `shard_seqs` per npz file: fp16, or 4-bit Hadamard codes (bits=4)."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     bar = tqdm(total=len(sequences), desc=f"teacher pass ({folder.name})", unit="seq")
     for i, start in enumerate(range(0, len(sequences), shard_seqs)):
         path = folder / f"shard_{i:04d}.npz"
         chunk = sequences[start:start + shard_seqs]
+        if path.exists() and _shard_rows(path) != len(chunk):  # a partial last shard of a smaller earlier run
+            path.unlink()
+            top_sidecar(path).unlink(missing_ok=True)
         if not path.exists():
             arrays = extract(loaded.model, chunk, source_layers, dtype=dtype)
+            if bits == 4:  # the teacher's targets come from the exact hidden states; only inputs are coded
+                write_teacher_top(top_sidecar(path), arrays["hidden"],
+                                  loaded.model.lm_head.weight.detach().to(torch.bfloat16))
+                arrays = encode_arrays(arrays)
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, tokens=chunk, **arrays)
             tmp.replace(path)
@@ -92,18 +101,32 @@ def make_shards(loaded: LoadedModel, sequences: np.ndarray, source_layers: list[
     return paths
 
 
+def _shard_rows(path: Path) -> int:
+    with np.load(path) as z:
+        return int(z["tokens"].shape[0])
+
+
 def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 400_000, chat_batch: int = 16,
         chat_max_new: int = 128, max_chat_prompts: int | None = None, max_regen_text: int = 200, hidden_size: int = 256, num_layers: int = 2, intermediate_size: int = 1024,
         num_centroids: int = 1024, top_k_clusters: int = 32, head_from: str = "target",
-        train_cfg: TrainConfig = TrainConfig(), max_steps: int | None = None, work: Path | None = None) -> dict:
+        train_cfg: TrainConfig = TrainConfig(), max_steps: int | None = None, work: Path | None = None,
+        init: Path | None = None, shard_bits: int = 16) -> dict:
     started = time.perf_counter()
     work = work or out.parent / f"{out.name}.work"
     work.mkdir(parents=True, exist_ok=True)
     dtype = autocast_dtype()
     cfg = loaded.config
-    probe = new_drafter(cfg, hidden_size=hidden_size, num_layers=num_layers, intermediate_size=intermediate_size,
-                        num_centroids=num_centroids, top_k_clusters=top_k_clusters, head_from=head_from,
-                        residual=head_from == "target")
+    if init is not None:  # warm start: the initial drafter's shape and vocabulary clustering win
+        probe = load_drafter(init)
+        for p in probe.parameters():
+            p.requires_grad_(True)
+        hidden_size, num_layers = probe.cfg.layers.hidden_size, probe.cfg.layers.num_layers
+        intermediate_size, num_centroids = probe.cfg.layers.intermediate_sizes[0], probe.cfg.num_centroids
+        top_k_clusters, head_from = probe.cfg.top_k_clusters, probe.cfg.head_from
+    else:
+        probe = new_drafter(cfg, hidden_size=hidden_size, num_layers=num_layers, intermediate_size=intermediate_size,
+                            num_centroids=num_centroids, top_k_clusters=top_k_clusters, head_from=head_from,
+                            residual=head_from == "target")
     sources = check_pair(cfg, probe.cfg)
     source_layers = sorted(set(sources.values()))
 
@@ -136,33 +159,38 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
         raise ConfigError("no training data", "pass --data debian-docs stdlib chat or your own folders")
 
     # 2. teacher shards
-    shards = {name: make_shards(loaded, s, source_layers, work / "shards" / name, dtype=dtype)
+    if shard_bits not in (16, 4):
+        raise ConfigError(f"shard bits must be 16 or 4, got {shard_bits}")
+    shard_root = work / ("shards" if shard_bits == 16 else "shards-4bit")
+    shards = {name: make_shards(loaded, s, source_layers, shard_root / name, dtype=dtype, bits=shard_bits)
               for name, s in seqs.items() if len(s)}
     train_shards = [p for name, ps in shards.items() if name != "held_out_text" for p in ps]
 
     # 3. clustering of the target's output table -> token_ordering + centroid init
     table = loaded.model.lm_head.weight.detach().float()
     embed = loaded.model.model.embed_tokens.weight.detach().float()
-    clustering_path = work / f"clusters_{num_centroids}.npz"
-    if not clustering_path.exists():
-        cl = balanced_kmeans(table.numpy(), num_centroids, iters=6)
-        np.savez(clustering_path, token_ordering=cl.token_ordering, centroids=cl.centroids)
-    z = np.load(clustering_path)
     drafter = probe
-    with torch.no_grad():
-        drafter.masked_embedding.token_ordering.copy_(torch.from_numpy(z["token_ordering"]))
-        if head_from == "target":
-            drafter.masked_embedding.centroids.weight.copy_(torch.from_numpy(z["centroids"]) * 4.0)
+    if init is None:  # a warm start keeps the initial drafter's clustering
+        clustering_path = work / f"clusters_{num_centroids}.npz"
+        if not clustering_path.exists():
+            cl = balanced_kmeans(table.numpy(), num_centroids, iters=6)
+            np.savez(clustering_path, token_ordering=cl.token_ordering, centroids=cl.centroids)
+        z = np.load(clustering_path)
+        with torch.no_grad():
+            drafter.masked_embedding.token_ordering.copy_(torch.from_numpy(z["token_ordering"]))
+            if head_from == "target":
+                drafter.masked_embedding.centroids.weight.copy_(torch.from_numpy(z["centroids"]) * 4.0)
 
     # 4. training (resumable)
-    train_data = ShardData(train_shards, sources)
-    held = ShardData(shards["held_out_text"], sources) if "held_out_text" in shards else None
+    train_data = ShardData(train_shards, sources, table)
+    held = ShardData(shards["held_out_text"], sources, table) if "held_out_text" in shards else None
     embed_scale = float(loaded.model.embed_scale)
     run_dir = work / f"run_{out.name}"
     run_dir.mkdir(exist_ok=True)
     report = train(drafter, train_data, embed, table, train_cfg, run_dir, embed_scale=embed_scale, held_out=held,
                    max_steps=max_steps)
     report.update({"data": {name: int(s.size) for name, s in seqs.items()}, "teacher_dtype": str(dtype),
+                   "shard_bits": shard_bits, "shard_bytes": sum(p.stat().st_size for ps in shards.values() for p in ps),
                    "drafter": {"hidden_size": hidden_size, "num_layers": num_layers,
                                "intermediate_size": intermediate_size, "num_centroids": num_centroids,
                                "top_k_clusters": top_k_clusters, "head_from": head_from,

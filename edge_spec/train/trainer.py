@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ..drafter import Drafter
 from ..kv import NEG_INF
+from .shard_quant import decode_arrays
 
 
 @dataclass
@@ -36,6 +37,7 @@ class TrainConfig:
     warmup: int = 50
     seed: int = 0
     checkpoint_every: int = 200
+    vocab_sample: int = 4096  # uniform negatives of the sampled softmax (0 = full vocabulary)
 
 
 def anchor_masks(t: int, n_anchors: int, window: int | None) -> torch.Tensor:
@@ -48,35 +50,62 @@ def anchor_masks(t: int, n_anchors: int, window: int | None) -> torch.Tensor:
     return torch.where(ok, 0.0, float(NEG_INF))[None, None]
 
 
+def teacher_top(hidden: torch.Tensor, table16: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden: [..., Ht] -> the target's next-token law truncated to its top k: (ids [..., k], probs [..., k])."""
+    with torch.no_grad():
+        logits = hidden.to(torch.bfloat16) @ table16.T  # [..., V]
+        vals, ids = logits.topk(k, dim=-1)
+        return ids, torch.softmax(vals.float(), dim=-1)
+
+
+def candidate_set(top_ids: list[torch.Tensor], vocab: int, extra: int, generator: torch.Generator | None = None):
+    """Sorted token ids scored by a sampled-softmax step: every teacher top-k id of the batch plus `extra`
+    uniform negatives (so every token is pushed down now and then). Returns [U] int64."""
+    ids = [t.reshape(-1) for t in top_ids] + [torch.randint(vocab, (extra,), generator=generator)]
+    return torch.unique(torch.cat(ids))
+
+
 def mtp_loss(drafter: Drafter, tokens: torch.Tensor, hidden: torch.Tensor, kv: dict, embed: torch.Tensor,
              table: torch.Tensor, cluster_of: torch.Tensor | None, cfg: TrainConfig, embed_scale: float = 1.0,
-             with_metrics: bool = True):
+             with_metrics: bool = True, top: tuple[torch.Tensor, torch.Tensor] | None = None):
     """tokens: [B, T]; hidden: [B, T, Ht] (teacher, after final norm); kv: kind -> (k, v) [B, H_kv, T, D];
-    embed/table: the target's input/output tables [V, Ht] (table may be bf16). Returns (loss, per-step metrics).
+    embed/table: the target's input/output tables [V, Ht] (table may be bf16); top: the teacher's cached
+    (ids, probs) [B, T, TOP_TARGET] (computed here when None). Returns (loss, per-step metrics).
 
-    The target's next-token law is truncated to its top `TOP_TARGET` tokens (renormalised): soft cross-entropy
-    against the drafter's full-vocabulary log-softmax. One full-vocabulary pass per step instead of five."""
+    Soft cross-entropy against the target's law truncated to its top `TOP_TARGET` tokens (renormalised).
+    With cfg.vocab_sample > 0 the drafter's log-softmax runs over a sampled candidate set (all teacher top
+    ids of the batch + vocab_sample uniform negatives) instead of the full vocabulary: the head matmul is
+    the bulk of a step, and the clustered head only ever scores a few thousand tokens at run time anyway."""
     b, t = tokens.shape
     n = t - cfg.steps_ahead  # anchors L = 1 .. n
     pos = torch.arange(1, n + 1)[None].expand(b, n)
     masks = {kind: anchor_masks(t, n, drafter.cfg.layers.sliding_window if kind == "sliding" else None)
              for kind in set(drafter.cfg.layers.layer_kinds)}
+    table16 = table.to(torch.bfloat16)
+    if top is None:
+        top = teacher_top(hidden[:, 1:n + cfg.steps_ahead], table16, TOP_TARGET)  # rows 1 .. n+S-1
+        top = (F.pad(top[0], (0, 0, 1, 0)), F.pad(top[1], (0, 0, 1, 0)))  # re-index so row r = position r
+    steps = range(1, cfg.steps_ahead + 1)
+    top_ids = [top[0][:, j:n + j].long() for j in steps]  # the law of x[L + j]: [B, N, K]
+    top_p = [top[1][:, j:n + j].float() for j in steps]
+    cand = None
+    if cfg.vocab_sample:
+        cand = candidate_set(top_ids, table.shape[0], cfg.vocab_sample)  # [U]
+        head = table16[cand]  # [U, Ht]
+    else:
+        head = table16
     prev = hidden[:, 0:n]  # H[L-1]
     total = 0.0
     metrics = []
-    table16 = table.to(torch.bfloat16)
-    for j in range(1, cfg.steps_ahead + 1):
+    for j in steps:
         tok = tokens[:, j:n + j]  # x[L + j - 1]
-        with torch.no_grad():
-            target_logits = hidden[:, j:n + j].to(torch.bfloat16) @ table16.T  # H[L + j - 1] E^T, [B, N, V]
-            top_vals, top_ids = target_logits.topk(TOP_TARGET, dim=-1)  # [B, N, K]
-            p_top = torch.softmax(top_vals.float(), dim=-1)
-            del target_logits
+        ids, p_top = top_ids[j - 1], top_p[j - 1]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _, g = drafter.states(embed[tok] * embed_scale, prev, pos, masks, kv)  # [B, N, Ht]
-        logits = g.to(torch.bfloat16) @ table16.T  # [B, N, V]
+        logits = g.to(torch.bfloat16) @ head.T  # [B, N, U or V]
         lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)  # [B, N, 1]
-        logq_top = logits.gather(-1, top_ids).float() - lse
+        cols = torch.searchsorted(cand, ids) if cand is not None else ids
+        logq_top = logits.gather(-1, cols).float() - lse
         ce = -(p_top * logq_top).sum(-1).mean()
         loss_j = ce
         m = {"ce": float(ce.detach())}
@@ -84,17 +113,17 @@ def mtp_loss(drafter: Drafter, tokens: torch.Tensor, hidden: torch.Tensor, kv: d
             c = drafter.cfg.num_centroids
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 cl = drafter.masked_embedding.centroids(g)
-            p_cluster = torch.zeros(b, n, c).scatter_add_(2, cluster_of[top_ids], p_top)
+            p_cluster = torch.zeros(b, n, c).scatter_add_(2, cluster_of[ids], p_top)
             loss_c = -(p_cluster * F.log_softmax(cl.float(), dim=-1)).sum(-1).mean()
             loss_j = loss_j + cfg.cluster_weight * loss_c
             if with_metrics:
                 with torch.no_grad():
                     topk = cl.topk(drafter.cfg.top_k_clusters, dim=-1).indices
-                    best = cluster_of[top_ids[..., 0]]
+                    best = cluster_of[ids[..., 0]]
                     m["cluster_recall"] = float((topk == best[..., None]).any(-1).float().mean())
         if with_metrics:
-            with torch.no_grad():  # does the drafter's best token equal the target's best?
-                m["top1"] = float((logits.float().argmax(-1) == top_ids[..., 0]).float().mean())  # no bf16 ties
+            with torch.no_grad():  # does the drafter's best token (within the scored set) equal the target's best?
+                m["top1"] = float((logits.float().argmax(-1) == cols[..., 0]).float().mean())
         total = total + cfg.step_decay ** (j - 1) * loss_j
         metrics.append(m)
         prev = g.float()
@@ -104,21 +133,51 @@ def mtp_loss(drafter: Drafter, tokens: torch.Tensor, hidden: torch.Tensor, kv: d
 TOP_TARGET = 64
 
 
-class ShardData:
-    """Teacher shards (npz) -> shuffled training batches. Shards hold tokens, hidden and source-layer K/V."""
+def top_sidecar(shard: Path) -> Path:
+    return shard.with_name(f"{shard.stem}.top{TOP_TARGET}.npz")
 
-    def __init__(self, shard_paths: list[Path], sources: dict[str, int]):
-        self.paths = shard_paths
+
+def write_teacher_top(path: Path, hidden: np.ndarray, table16: torch.Tensor) -> None:
+    """The teacher's top-k law for every position of a shard: ids int32 / probs fp16 [N, T, K], atomically."""
+    ids, probs = [], []
+    for start in range(0, hidden.shape[0], 16):  # [16, T, Ht] -> [16, T, V] bf16 at a time
+        i, p = teacher_top(torch.from_numpy(hidden[start:start + 16].astype(np.float32)), table16, TOP_TARGET)
+        ids.append(i.to(torch.int32).numpy())
+        probs.append(p.to(torch.float16).numpy())
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, ids=np.concatenate(ids), probs=np.concatenate(probs))
+    tmp.replace(path)
+
+
+class ShardData:
+    """Teacher shards (npz) -> shuffled training batches. Shards hold tokens, hidden and source-layer K/V.
+
+    With `table` (the target's output table), each batch also carries the teacher's top-k law per position,
+    computed once per shard and cached next to it (`shard_NNNN.top64.npz`): it is a quarter of a step's
+    work otherwise, repeated every epoch."""
+
+    def __init__(self, shard_paths: list[Path], sources: dict[str, int], table: torch.Tensor | None = None):
+        self.paths = [Path(p) for p in shard_paths]
         self.sources = sources
+        self.table16 = None if table is None else table.to(torch.bfloat16)
         self.sizes = [int(np.load(p)["tokens"].shape[0]) for p in shard_paths]  # npz members load lazily
 
     def __len__(self) -> int:
         return sum(self.sizes)
 
+    def _top(self, path: Path, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        side = top_sidecar(path)
+        if not side.exists():  # 4-bit shards get theirs at extraction, from the exact hidden states
+            write_teacher_top(side, hidden, self.table16)
+        with np.load(side) as z:
+            return z["ids"], z["probs"]
+
     def batches(self, batch: int, rng: np.random.Generator):
+        """Yields (tokens [B, T], hidden [B, T, Ht], kv, top) with top = (ids, probs) [B, T, K] or None."""
         for i in rng.permutation(len(self.paths)):
             with np.load(self.paths[i]) as z:
-                data = {k: z[k] for k in z.files}
+                data = decode_arrays({k: z[k] for k in z.files})  # 4-bit shards -> float32; fp16 passes through
+            top = self._top(self.paths[i], data["hidden"]) if self.table16 is not None else None
             order = rng.permutation(data["tokens"].shape[0])
             for start in range(0, len(order) - batch + 1, batch):
                 idx = order[start:start + batch]
@@ -126,7 +185,8 @@ class ShardData:
                              torch.from_numpy(data[f"v_{l}"][idx].astype(np.float32)))
                       for kind, l in self.sources.items()}
                 yield (torch.from_numpy(data["tokens"][idx].astype(np.int64)),
-                       torch.from_numpy(data["hidden"][idx].astype(np.float32)), kv)
+                       torch.from_numpy(data["hidden"][idx].astype(np.float32)), kv,
+                       None if top is None else (torch.from_numpy(top[0][idx]), torch.from_numpy(top[1][idx])))
 
 
 def train(drafter: Drafter, data: ShardData, embed: torch.Tensor, table: torch.Tensor, cfg: TrainConfig,
@@ -142,12 +202,13 @@ def train(drafter: Drafter, data: ShardData, embed: torch.Tensor, table: torch.T
     steps_per_epoch = len(data) // cfg.batch_seqs
     total_steps = max_steps or max(1, int(steps_per_epoch * cfg.epochs))
     ckpt_path = work / "checkpoint.pt"
-    step, history = 0, []
+    step, history, seconds_before = 0, [], 0.0
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
         drafter.load_state_dict(ckpt["drafter"])
         opt.load_state_dict(ckpt["optimizer"])
         step, history = ckpt["step"], ckpt["history"]
+        seconds_before = ckpt.get("train_seconds", 0.0)  # training time of earlier (interrupted) invocations
     cluster_of = None
     if drafter.masked_embedding is not None:
         order = drafter.masked_embedding.token_ordering
@@ -160,14 +221,14 @@ def train(drafter: Drafter, data: ShardData, embed: torch.Tensor, table: torch.T
     drafter.train()
     started = time.perf_counter()
     while step < total_steps:
-        for tokens, hidden, kv in data.batches(cfg.batch_seqs, rng):
+        for tokens, hidden, kv, top in data.batches(cfg.batch_seqs, rng):
             if step >= total_steps:
                 break
             scale = min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / total_steps))
             for g, base in zip(opt.param_groups, base_lrs):
                 g["lr"] = base * max(scale, 0.05)
             loss, metrics = mtp_loss(drafter, tokens, hidden, kv, embed, table, cluster_of, cfg, embed_scale,
-                                     with_metrics=step % 10 == 0)
+                                     with_metrics=step % 10 == 0, top=top)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -180,11 +241,12 @@ def train(drafter: Drafter, data: ShardData, embed: torch.Tensor, table: torch.T
             if step % cfg.checkpoint_every == 0 or step == total_steps:
                 tmp = ckpt_path.with_suffix(".tmp")
                 torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                            "history": history, "config": asdict(cfg)}, tmp)
+                            "history": history, "config": asdict(cfg),
+                            "train_seconds": seconds_before + time.perf_counter() - started}, tmp)
                 tmp.replace(ckpt_path)
     bar.close()
     drafter.eval()
-    report = {"config": asdict(cfg), "steps": step, "train_seconds": time.perf_counter() - started,
+    report = {"config": asdict(cfg), "steps": step, "train_seconds": seconds_before + time.perf_counter() - started,
               "final_train": next((h for h in reversed(history) if "top1" in h["steps"][0]), None)}
     if held_out is not None:
         report["held_out"] = evaluate_loss(drafter, held_out, embed, table, cluster_of, cfg, embed_scale)
@@ -196,10 +258,11 @@ def evaluate_loss(drafter, data: ShardData, embed, table, cluster_of, cfg: Train
                   max_batches: int = 20) -> list[dict]:
     """Mean per-step soft CE / top-1 agreement / cluster recall on held-out shards (teacher-forced tokens)."""
     sums, count = None, 0
-    for i, (tokens, hidden, kv) in enumerate(data.batches(cfg.batch_seqs, np.random.default_rng(0))):
+    for i, (tokens, hidden, kv, top) in enumerate(data.batches(cfg.batch_seqs, np.random.default_rng(0))):
         if i >= max_batches:
             break
-        _, metrics = mtp_loss(drafter, tokens, hidden, kv, embed, table, cluster_of, cfg, embed_scale)
+        _, metrics = mtp_loss(drafter, tokens, hidden, kv, embed, table, cluster_of, replace(cfg, vocab_sample=0),
+                              embed_scale, top=top)  # full vocabulary: exact held-out numbers
         sums = metrics if sums is None else [{k: a[k] + m[k] for k in a} for a, m in zip(sums, metrics)]
         count += 1
     return [{k: v / max(count, 1) for k, v in s.items()} for s in (sums or [])]

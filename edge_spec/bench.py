@@ -1,0 +1,418 @@
+"""`edge-spec bench`: plain vs speculative decoding speed of one engine, measured in one run, plus peers.
+
+Every prompt runs plain first and then once per configuration (k values x temperatures), interleaved,
+so slow drift of a shared machine hits all configurations alike. Reported per configuration:
+decode tok/s (tokens after the first / time after the first), tau, acceptance by position, the time split
+(drafter kernel / target kernel / everything else = Python loop overhead), first-token latency, peak RSS,
+and, at temperature 0, whether the speculative tokens equal the plain ones (they must).
+
+Output: a Markdown table on stdout, optionally JSON (a list: one object per configuration and per peer),
+a Markdown file and a PNG plot (tok/s vs k; acceptance by position).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent / "assets" / "prompts" / "bench.jsonl"
+
+
+@dataclass
+class Tally:
+    """Sums over prompts for one configuration (decode = everything after the first new token)."""
+
+    tokens: int = 0  # new tokens after the first
+    decode_s: float = 0.0
+    first_token_s: list[float] = field(default_factory=list)
+    target_kernel_s: float = 0.0  # during decode
+    drafter_kernel_s: float = 0.0
+    emitted: int = 0  # speculative only
+    passes: int = 0
+    drafter_calls: int = 0
+    drafted: np.ndarray | None = None
+    accepted: np.ndarray | None = None
+    outputs: list[list[int]] = field(default_factory=list)
+    mean_k: list[float] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def split(self) -> dict:
+        """Shares of decode time: drafter kernel, target kernel, the rest (our Python loop)."""
+        d = max(self.decode_s, 1e-12)
+        overhead = max(self.decode_s - self.target_kernel_s - self.drafter_kernel_s, 0.0)
+        return {"drafter": self.drafter_kernel_s / d, "target": self.target_kernel_s / d, "overhead": overhead / d}
+
+
+class _KernelMarks:
+    """Reads the backends' kernel clocks right after each prefill, so decode time can be split exactly."""
+
+    def __init__(self, engine):
+        self.backend, self.drafter = engine.session.backend, engine.drafter
+        self.session = engine.session
+        self._prefill = self.session.prefill
+        self.at_prefill = (0.0, 0.0)
+        self.session.prefill = self._marked_prefill
+
+    def clocks(self) -> tuple[float, float]:
+        return self.backend.kernel_s, self.drafter.kernel_s if self.drafter is not None else 0.0
+
+    def _marked_prefill(self, tokens):
+        out = self._prefill(tokens)
+        self.at_prefill = self.clocks()
+        return out
+
+    def close(self) -> None:
+        self.session.prefill = self._prefill
+
+
+def run_one(engine, marks: _KernelMarks, row: dict, tally: Tally, *, k: int | None, adaptive: bool,
+            temperature: float, max_new_tokens: int, seed: int) -> None:
+    result = engine.generate(row["prompt"], chat=row["chat"], max_new_tokens=max_new_tokens, temperature=temperature,
+                             seed=seed, speculative=k is not None, spec_k=k or 1, adaptive=adaptive)
+    target_end, drafter_end = marks.clocks()
+    tally.tokens += max(result.new_tokens - 1, 0)
+    tally.decode_s += result.total_s - result.prefill_s
+    tally.first_token_s.append(result.prefill_s)
+    tally.target_kernel_s += target_end - marks.at_prefill[0]
+    tally.drafter_kernel_s += drafter_end - marks.at_prefill[1]
+    tally.outputs.append(result.tokens)
+    stats = result.extra.get("spec")
+    if stats is not None:
+        tally.emitted += stats.emitted_by_passes
+        tally.passes += stats.target_calls
+        tally.drafter_calls += stats.drafter_calls
+        if tally.drafted is None:
+            tally.drafted, tally.accepted = np.zeros_like(stats.drafted), np.zeros_like(stats.accepted)
+        tally.drafted += stats.drafted
+        tally.accepted += stats.accepted
+        if stats.k_chosen:
+            tally.mean_k.append(float(np.mean(stats.k_chosen)))
+
+
+def peak_rss_mb() -> float:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
+    return kb / 2 ** 20 if sys.platform == "darwin" else kb / 1024
+
+
+def measure(engine, prompts: list[dict], *, ks: list[int], temperatures: list[float], adaptive: bool,
+            max_new_tokens: int, seed: int = 0, repeats: int = 1, progress: bool = True) -> list[dict]:
+    """One plain + one speculative configuration per k (and adaptive), per temperature. Returns rows."""
+    from tqdm.auto import tqdm
+
+    if engine.drafter is None:
+        raise ConfigError("benchmarking speculative decoding needs a drafter",
+                          "export the bundle with --drafter builtin (or PATH), or pass --drafter for --model")
+    configs = [(k, False) for k in ks] + ([(max(ks), True)] if adaptive else [])
+    marks = _KernelMarks(engine)
+    rows = []
+    try:
+        engine.generate(prompts[0]["prompt"], chat=prompts[0]["chat"], max_new_tokens=8)  # warm-up: first-run costs
+        engine.generate(prompts[0]["prompt"], chat=prompts[0]["chat"], max_new_tokens=8, spec_k=max(ks))
+        for temperature in temperatures:
+            plain = Tally()
+            spec = {c: Tally() for c in configs}
+            total = len(prompts) * repeats * (1 + len(configs))
+            bar = tqdm(total=total, desc=f"bench T={temperature}", unit="run", disable=not progress, file=sys.stderr)
+            for rep in range(repeats):
+                for i, row in enumerate(prompts):
+                    s = seed + 1000 * rep + i
+                    run_one(engine, marks, row, plain, k=None, adaptive=False, temperature=temperature,
+                            max_new_tokens=max_new_tokens, seed=s)
+                    bar.update(1)
+                    for (k, ad), tally in spec.items():
+                        run_one(engine, marks, row, tally, k=k, adaptive=ad, temperature=temperature,
+                                max_new_tokens=max_new_tokens, seed=s)
+                        bar.update(1)
+            bar.close()
+            for (k, ad), tally in spec.items():
+                rows.append(_row(engine, plain, tally, k=k, adaptive=ad, temperature=temperature))
+    finally:
+        marks.close()
+    return rows
+
+
+def _row(engine, plain: Tally, spec: Tally, *, k: int, adaptive: bool, temperature: float) -> dict:
+    acceptance = [float(a / d) if d else None for a, d in zip(spec.accepted, spec.drafted)]
+    row = {
+        "runtime": engine.runtime, "precision": engine.manifest.precision if engine.manifest else "fp32",
+        "k": "adaptive" if adaptive else k, "k_max": k, "temperature": temperature,
+        "plain_tok_s": plain.tok_s, "spec_tok_s": spec.tok_s,
+        "speedup": spec.tok_s / plain.tok_s if plain.tok_s else None,
+        "tau": spec.emitted / spec.passes if spec.passes else None, "acceptance_by_position": acceptance,
+        "mean_k": float(np.mean(spec.mean_k)) if spec.mean_k else None,
+        "time_split": {"plain": plain.split(), "spec": spec.split()},
+        "python_overhead_plain": plain.split()["overhead"], "python_overhead_spec": spec.split()["overhead"],
+        "first_token_ms": {"plain": 1000 * float(np.mean(plain.first_token_s)),
+                           "spec": 1000 * float(np.mean(spec.first_token_s))},
+        "tokens": {"plain": plain.tokens, "spec": spec.tokens}, "prompts": len(plain.outputs),
+        # one plain decode token = one T=1 target call; the drafter-step budget is a fraction of it
+        "target_step_ms": 1000 * plain.target_kernel_s / plain.tokens if plain.tokens else None,
+        "drafter_step_ms": 1000 * spec.drafter_kernel_s / spec.drafter_calls if spec.drafter_calls else None,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+    if row["target_step_ms"] and row["drafter_step_ms"]:
+        row["drafter_step_share"] = row["drafter_step_ms"] / row["target_step_ms"]
+    if temperature == 0:
+        row["greedy_exact"] = all(a == b for a, b in zip(plain.outputs, spec.outputs))
+        row["greedy_exact_prompts"] = sum(a == b for a, b in zip(plain.outputs, spec.outputs))
+    return row
+
+
+# ---- peers ---------------------------------------------------------------------------------------------
+def llama_cpp_peer(gguf: Path, token_prompts: list[list[int]], *, max_new_tokens: int, threads: int | None,
+                   label: str | None = None, extra_bufts: bool = False) -> dict:
+    """Plain greedy decode of a GGUF through llama-cpp-python, same prompt token ids, same token budget.
+
+    `extra_bufts`: llama.cpp's extra CPU buffer types (AMX tiles, repacked quant layouts). Off by default:
+    with them, llama-cpp-python 0.3.36 built here segfaults on quantized models on this AMX CPU (f32 runs)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError as err:
+        raise ConfigError("--peer llama.cpp needs llama-cpp-python",
+                          "pip install llama-cpp-python (builds llama.cpp from source, ~15 min on 2 cores)") from err
+    if not Path(gguf).is_file():
+        raise ConfigError(f"GGUF file {gguf} does not exist", "pass --peer-gguf PATH")
+    import os
+
+    import llama_cpp.llama_cpp as lowlevel
+
+    n_threads = threads or os.cpu_count()
+    defaults = lowlevel.llama_model_default_params
+
+    def params():
+        p = defaults()
+        p.use_extra_bufts = extra_bufts
+        return p
+
+    lowlevel.llama_model_default_params = params  # Llama() takes its model params from here
+    try:
+        llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
+    finally:
+        lowlevel.llama_model_default_params = defaults
+    stop = llm.token_eos()
+    tokens, decode_s, first = 0, 0.0, []
+    llm.generate(token_prompts[0][:8], temp=0.0).__next__()  # warm-up
+    for ids in token_prompts:
+        llm.reset()
+        start = time.perf_counter()
+        n, t_first = 0, None
+        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            n += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+            if tok == stop or n >= max_new_tokens:
+                break
+        end = time.perf_counter()
+        first.append(t_first - start)
+        tokens += n - 1
+        decode_s += end - t_first
+    return {"peer": "llama.cpp", "model": Path(gguf).name, "precision": label or _gguf_type(gguf),
+            "tok_s": tokens / decode_s if decode_s else 0.0, "first_token_ms": 1000 * float(np.mean(first)),
+            "threads": n_threads, "tokens": tokens, "extra_bufts": extra_bufts,
+            "llama_cpp_python": __import__("llama_cpp").__version__}
+
+
+PEER_FTYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+               "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1"}
+
+
+def peer_gguf(source: Path, kind: str, cache: Path) -> Path:
+    """`source` re-encoded as `kind` by llama.cpp's own quantizer (cached). SmolLM2's only GGUF is Q4_1, so
+    f32 / q8_0 / q4_0 peers hold exactly the weights our bundles are exported from (Q4_1 dequantized)."""
+    import ctypes
+    import os
+
+    import llama_cpp
+
+    if _gguf_type(source) == kind:
+        return source
+    if kind not in PEER_FTYPES:
+        raise ConfigError(f"unknown peer quantization {kind!r}", f"choose from {', '.join(PEER_FTYPES)}")
+    out = cache / f"{source.stem}.as-{kind.upper()}.gguf"
+    if out.is_file():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, PEER_FTYPES[kind])
+    params.allow_requantize = True  # the source is already quantized: llama.cpp dequantizes, then encodes
+    params.pure = True  # one type for every tensor (no k-quant mixtures)
+    params.nthread = os.cpu_count() or 1
+    tmp = out.with_suffix(".tmp")
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"llama.cpp could not re-encode {source.name} as {kind}", "pass --peer-gguf PATH instead")
+    tmp.replace(out)
+    return out
+
+
+def _gguf_type(path: Path) -> str:
+    name = Path(path).stem.lower()
+    if ".as-" in name:
+        return name.rsplit(".as-", 1)[1]
+    for tag in ("q4_0", "q4_1", "q4_k_m", "q5_0", "q5_1", "q8_0", "f16", "bf16", "f32"):
+        if tag in name:
+            return tag
+    return "gguf"
+
+
+# ---- reporting -----------------------------------------------------------------------------------------
+def _fmt(x, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _steps(r: dict) -> str:
+    if not r.get("drafter_step_share"):
+        return "-"
+    return f"{r['drafter_step_ms']:.1f} / {r['target_step_ms']:.1f} ms ({r['drafter_step_share']:.0%})"
+
+
+def markdown(rows: list[dict], peers: list[dict], meta: dict) -> str:
+    lines = [f"Measured {meta['date']} on {meta['machine']} ({meta['threads']} threads), "
+             f"{meta['prompts']} prompts x {meta['max_new_tokens']} new tokens, one run (ratios are within-run).", "",
+             "| runtime | precision | T | k | plain tok/s | spec tok/s | speedup | tau | acceptance by position | "
+             "time split spec (drafter/target/python) | python share plain | drafter step / target step | "
+             "first token ms | greedy exact |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        acc = " ".join(_fmt(a, ".2f") for a in r["acceptance_by_position"])
+        sp = r["time_split"]["spec"]
+        exact = "-" if "greedy_exact" not in r else f"{r['greedy_exact_prompts']}/{r['prompts']}"
+        k = r["k"] if r["k"] != "adaptive" else f"adaptive<={r['k_max']} (mean {_fmt(r['mean_k'], '.1f')})"
+        lines.append(f"| {r['runtime']} | {r['precision']} | {r['temperature']:g} | {k} | {_fmt(r['plain_tok_s'])} | "
+                     f"{_fmt(r['spec_tok_s'])} | {_fmt(r['speedup'], '.2f')}x | {_fmt(r['tau'], '.2f')} | {acc} | "
+                     f"{sp['drafter']:.0%} / {sp['target']:.0%} / {sp['overhead']:.0%} | "
+                     f"{r['python_overhead_plain']:.0%} | {_steps(r)} | {r['first_token_ms']['spec']:.0f} | {exact} |")
+    if peers:
+        lines += ["", "| peer | model | precision | plain tok/s | first token ms |", "|---|---|---|---|---|"]
+        for p in peers:
+            lines.append(f"| {p['peer']} | {p['model']} | {p['precision']} | {p['tok_s']:.1f} | "
+                         f"{p['first_token_ms']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], peers: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for temperature in sorted({r["temperature"] for r in rows}):
+        fixed = [r for r in rows if r["temperature"] == temperature and r["k"] != "adaptive"]
+        if not fixed:
+            continue
+        line, = ax1.plot([r["k"] for r in fixed], [r["spec_tok_s"] for r in fixed], "o-",
+                         label=f"speculative T={temperature:g}")
+        ax1.axhline(float(np.mean([r["plain_tok_s"] for r in fixed])), ls="--", color=line.get_color(),
+                    label=f"plain T={temperature:g}")
+    for p in peers:
+        ax1.axhline(p["tok_s"], ls=":", color="gray")
+        ax1.annotate(f"{p['peer']} {p['precision']}", (ax1.get_xlim()[0], p["tok_s"]), fontsize=8, va="bottom")
+    ax1.set_xticks(sorted({r["k"] for r in rows if r["k"] != "adaptive"}))
+    ax1.set_xlabel("k (draft tokens per target pass)")
+    ax1.set_ylabel("decode tok/s")
+    ax1.set_title(f"{rows[0]['runtime']} {rows[0]['precision']}")
+    ax1.legend(fontsize=8)
+    greedy = [r for r in rows if r["temperature"] == min(x["temperature"] for x in rows) and r["k"] != "adaptive"]
+    for r in greedy:
+        acc = [a if a is not None else np.nan for a in r["acceptance_by_position"]]
+        ax2.plot(range(1, len(acc) + 1), acc, "o-", label=f"k={r['k']}")
+    ax2.set_xticks(range(1, max((len(r["acceptance_by_position"]) for r in greedy), default=1) + 1))
+    ax2.set_xlabel("draft position")
+    ax2.set_ylabel("acceptance rate")
+    ax2.set_ylim(0, 1)
+    ax2.set_title(f"acceptance by position (T={greedy[0]['temperature']:g})" if greedy else "acceptance")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()}"
+
+
+def main(args) -> int:
+    from .api import load
+    from .train.evaluate import read_prompts
+
+    if not args.spec_k or any(k < 1 for k in args.spec_k):
+        raise ConfigError(f"--spec-k values must be >= 1, got {args.spec_k}")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    prompts = read_prompts(Path(args.prompts) if args.prompts else DEFAULT_PROMPTS)[:args.num_prompts]
+    if args.bundle is not None and args.drafter is not None:
+        raise ConfigError("--bundle cannot be combined with --drafter (a bundle brings its own)", "drop --drafter")
+    engine = load(args.model or "smollm2-135m", drafter=args.drafter if args.bundle is None else None,
+                  runtime=args.runtime, threads=args.threads, bundle=args.bundle, provider=args.provider,
+                  spin=not args.no_spin)
+    peers_wanted = list(args.peer or [])
+    gguf = None
+    if "llama.cpp" in peers_wanted:  # fail before the long measurement, not after it
+        from .gguf_import import find_smollm2_gguf
+
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError as err:
+            raise ConfigError("--peer llama.cpp needs llama-cpp-python",
+                              "pip install llama-cpp-python (builds llama.cpp from source, ~15 min on 2 cores)") from err
+        from .gguf_import import cache_root
+
+        gguf = [Path(p) for p in args.peer_gguf or []]
+        for p in gguf:
+            if not p.is_file():
+                raise ConfigError(f"GGUF file {p} does not exist", "pass existing files to --peer-gguf")
+        if args.peer_quant or not gguf:
+            source = find_smollm2_gguf()
+            gguf += [peer_gguf(source, kind, cache_root() / "peers") for kind in args.peer_quant or ["q4_1"]]
+    rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
+                   max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+    peers = []
+    if gguf:
+        token_prompts = [engine.encode(p["prompt"], chat=p["chat"]) for p in prompts]
+        for path in gguf:
+            peers.append(llama_cpp_peer(path, token_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads))
+    import os
+
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "spin": not args.no_spin,
+            "threads": args.threads or os.cpu_count(), "prompts": len(prompts) * args.repeats,
+            "max_new_tokens": args.max_new_tokens, "command": "edge-spec " + " ".join(sys.argv[1:])}
+    table = markdown(rows, peers, meta)
+    print(table)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        objects = [{**r, "date": meta["date"], "machine": meta["machine"], "threads": meta["threads"],
+                    "max_new_tokens": meta["max_new_tokens"]} for r in rows + peers]
+        Path(args.json).write_text(json.dumps(objects, indent=2, default=float))
+    if args.markdown:
+        Path(args.markdown).write_text(f"`{meta['command']}`\n\n{table}")
+    if args.plot:
+        plot(rows, peers, Path(args.plot))
+    for r in rows:
+        if r.get("greedy_exact") is False:
+            print(f"warning: greedy speculative output differed from plain at k={r['k']} "
+                  f"({r['greedy_exact_prompts']}/{r['prompts']} prompts identical)", file=sys.stderr)
+    return 0

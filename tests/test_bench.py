@@ -1,0 +1,128 @@
+"""`edge-spec bench` on a tiny exported bundle: the report's fields, their arithmetic, and its errors.
+
+No speed is asserted here (speed lives in docs/benchmarks.md, produced by the command itself)."""
+
+import builtins
+import json
+
+import pytest
+
+from edge_spec import checkpoints
+from edge_spec.bench import Tally, markdown
+from edge_spec.cli import main
+from edge_spec.drafter import new_drafter
+from edge_spec.exporters.onnx import export_bundle
+
+
+@pytest.fixture(scope="module")
+def bundles(tiny_llama, tmp_path_factory):
+    target = checkpoints.load(str(tiny_llama[0]))
+    drafter = new_drafter(target.config, seed=7, hidden_size=32, num_layers=1, intermediate_size=64,
+                          num_centroids=16, top_k_clusters=4, head_from="target")
+    root = tmp_path_factory.mktemp("bench")
+    with_drafter = export_bundle(target, root / "spec", drafter=drafter, max_context=96)
+    plain_only = export_bundle(target, root / "plain", max_context=96)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7", "chat": false, "kind": "docs"}\n'
+                       '{"prompt": "w9 w3 w3 w8 w1", "chat": false, "kind": "code"}\n')
+    return with_drafter, plain_only, prompts
+
+
+def test_bench_writes_json_markdown_and_plot(bundles, tmp_path, capsys):
+    bundle, _, prompts = bundles
+    out = tmp_path / "out"
+    code = main(["bench", "--bundle", str(bundle), "--prompts", str(prompts), "--spec-k", "1", "3",
+                 "--temperature", "0", "0.7", "--adaptive", "--max-new-tokens", "12", "--threads", "1",
+                 "--json", str(out / "b.json"), "--markdown", str(out / "b.md"), "--plot", str(out / "b.png")])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    rows = json.loads((out / "b.json").read_text())
+    assert [(r["k"], r["temperature"]) for r in rows] == [(1, 0.0), (3, 0.0), ("adaptive", 0.0),
+                                                          (1, 0.7), (3, 0.7), ("adaptive", 0.7)]
+    for r in rows:
+        for key in ("runtime", "precision", "k", "temperature", "plain_tok_s", "spec_tok_s", "speedup", "tau",
+                    "acceptance_by_position", "first_token_ms", "peak_rss_mb", "time_split"):
+            assert key in r, key
+        assert r["runtime"] == "ort" and r["precision"] == "fp32" and r["prompts"] == 2
+        assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["plain_tok_s"])
+        assert 1.0 <= r["tau"] <= r["k_max"] + 1
+        assert len(r["acceptance_by_position"]) == r["k_max"]
+        for split in r["time_split"].values():
+            assert split["overhead"] > 0  # kernel clocks run inside the decode clock
+            assert split["drafter"] + split["target"] + split["overhead"] == pytest.approx(1.0)
+        assert r["time_split"]["plain"]["drafter"] == 0.0 and r["time_split"]["spec"]["drafter"] > 0
+        assert r["peak_rss_mb"] > 10
+        assert r["drafter_step_share"] == pytest.approx(r["drafter_step_ms"] / r["target_step_ms"])
+    greedy = [r for r in rows if r["temperature"] == 0]
+    assert all(r["greedy_exact"] and r["greedy_exact_prompts"] == 2 for r in greedy)  # lossless, via the bench
+    assert all("greedy_exact" not in r for r in rows if r["temperature"] > 0)
+    assert (out / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "b.md").read_text()
+    assert md.startswith("`edge-spec ") and "| ort | fp32 | 0 | 3 |" in md and md.count("\n| ort |") == 6
+    assert "| ort | fp32 |" in stdout
+
+
+def test_tally_split_and_markdown_arithmetic():
+    t = Tally(tokens=30, decode_s=2.0, target_kernel_s=1.5, drafter_kernel_s=0.3)
+    assert t.tok_s == 15.0
+    assert t.split() == pytest.approx({"drafter": 0.15, "target": 0.75, "overhead": 0.1})
+    row = {"runtime": "ort", "precision": "int8", "k": 2, "k_max": 2, "temperature": 0.0, "plain_tok_s": 10.0,
+           "spec_tok_s": 25.0, "speedup": 2.5, "tau": 2.6, "acceptance_by_position": [0.9, None], "mean_k": None,
+           "time_split": {"plain": t.split(), "spec": t.split()}, "python_overhead_plain": 0.1,
+           "first_token_ms": {"plain": 12.0, "spec": 13.0}, "greedy_exact": True, "greedy_exact_prompts": 3,
+           "prompts": 3}
+    meta = {"date": "d", "machine": "m", "threads": 2, "prompts": 3, "max_new_tokens": 5}
+    md = markdown([row], [{"peer": "llama.cpp", "model": "x.gguf", "precision": "q8_0", "tok_s": 80.0,
+                           "first_token_ms": 9.0}], meta)
+    assert "| ort | int8 | 0 | 2 | 10.0 | 25.0 | 2.50x | 2.60 | 0.90 - | 15% / 75% / 10% | 10% | - | 13 | 3/3 |" in md
+    row.update(drafter_step_ms=1.0, target_step_ms=20.0, drafter_step_share=0.05)
+    assert "| 1.0 / 20.0 ms (5%) |" in markdown([row], [], meta)
+    assert "| llama.cpp | x.gguf | q8_0 | 80.0 | 9 |" in md
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--spec-k", "0"], "--spec-k values must be >= 1"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--prompts", "/no/such.jsonl"], "does not exist"),
+    (["--temperature", "-1"], "temperature"),
+])
+def test_bench_bad_options_exit_2(bundles, args, message, capsys):
+    bundle, _, prompts = bundles
+    base = ["bench", "--bundle", str(bundle), "--max-new-tokens", "4"]
+    if "--prompts" not in args:
+        base += ["--prompts", str(prompts)]
+    code = main(base + args)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_bench_needs_a_drafter_and_names_missing_peer(bundles, monkeypatch, capsys):
+    bundle, plain_only, prompts = bundles
+    assert main(["bench", "--bundle", str(plain_only), "--prompts", str(prompts)]) == 2
+    assert "needs a drafter" in capsys.readouterr().err
+    real_import = builtins.__import__
+
+    def no_llama(name, *args, **kwargs):
+        if name == "llama_cpp":
+            raise ImportError("no llama_cpp here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_llama)
+    gguf = prompts  # any existing file: the import check comes first
+    assert main(["bench", "--bundle", str(bundle), "--prompts", str(prompts), "--peer", "llama.cpp",
+                 "--peer-gguf", str(gguf)]) == 2
+    assert "pip install llama-cpp-python" in capsys.readouterr().err
+
+
+def test_bench_eager_runtime_from_a_checkpoint(tiny_llama, tmp_path):
+    from edge_spec.drafter import save_drafter
+
+    target = checkpoints.load(str(tiny_llama[0]))
+    folder = save_drafter(new_drafter(target.config, seed=3, hidden_size=32, num_layers=1, intermediate_size=64,
+                                      num_centroids=16, top_k_clusters=4), tmp_path / "d")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7", "chat": false}\n')
+    assert main(["bench", "--model", str(tiny_llama[0]), "--drafter", str(folder), "--prompts", str(prompts),
+                 "--spec-k", "2", "--max-new-tokens", "8", "--json", str(tmp_path / "r.json")]) == 0
+    (row,) = json.loads((tmp_path / "r.json").read_text())
+    assert row["runtime"] == "torch" and row["greedy_exact"] and row["time_split"]["spec"]["drafter"] > 0
