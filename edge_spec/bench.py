@@ -13,6 +13,7 @@ a Markdown file and a PNG plot (tok/s vs k; acceptance by position).
 from __future__ import annotations
 
 import json
+import os
 import platform
 import resource
 import sys
@@ -171,21 +172,24 @@ def _row(engine, plain: Tally, spec: Tally, *, k: int, adaptive: bool, temperatu
 
 
 # ---- peers ---------------------------------------------------------------------------------------------
+def _require_llama_cpp() -> None:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as err:
+        raise ConfigError("--peer llama.cpp needs llama-cpp-python",
+                          "pip install llama-cpp-python (builds llama.cpp from source, ~15 min on 2 cores)") from err
+
+
 def llama_cpp_peer(gguf: Path, token_prompts: list[list[int]], *, max_new_tokens: int, threads: int | None,
                    label: str | None = None, extra_bufts: bool = False) -> dict:
     """Plain greedy decode of a GGUF through llama-cpp-python, same prompt token ids, same token budget.
 
     `extra_bufts`: llama.cpp's extra CPU buffer types (AMX tiles, repacked quant layouts). Off by default:
     with them, llama-cpp-python 0.3.36 built here segfaults on quantized models on this AMX CPU (f32 runs)."""
-    try:
-        from llama_cpp import Llama
-    except ImportError as err:
-        raise ConfigError("--peer llama.cpp needs llama-cpp-python",
-                          "pip install llama-cpp-python (builds llama.cpp from source, ~15 min on 2 cores)") from err
+    _require_llama_cpp()
+    from llama_cpp import Llama
     if not Path(gguf).is_file():
         raise ConfigError(f"GGUF file {gguf} does not exist", "pass --peer-gguf PATH")
-    import os
-
     import llama_cpp.llama_cpp as lowlevel
 
     n_threads = threads or os.cpu_count()
@@ -232,8 +236,6 @@ def peer_gguf(source: Path, kind: str, cache: Path) -> Path:
     """`source` re-encoded as `kind` by llama.cpp's own quantizer (cached). SmolLM2's only GGUF is Q4_1, so
     f32 / q8_0 / q4_0 peers hold exactly the weights our bundles are exported from (Q4_1 dequantized)."""
     import ctypes
-    import os
-
     import llama_cpp
 
     if _gguf_type(source) == kind:
@@ -350,8 +352,6 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    import os
-
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()}"
 
 
@@ -369,16 +369,11 @@ def main(args) -> int:
     engine = load(args.model or "smollm2-135m", drafter=args.drafter if args.bundle is None else None,
                   runtime=args.runtime, threads=args.threads, bundle=args.bundle, provider=args.provider,
                   spin=not args.no_spin)
-    peers_wanted = list(args.peer or [])
     gguf = None
-    if "llama.cpp" in peers_wanted:  # fail before the long measurement, not after it
+    if "llama.cpp" in (args.peer or []):  # fail before the long measurement, not after it
         from .gguf_import import find_smollm2_gguf
 
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError as err:
-            raise ConfigError("--peer llama.cpp needs llama-cpp-python",
-                              "pip install llama-cpp-python (builds llama.cpp from source, ~15 min on 2 cores)") from err
+        _require_llama_cpp()
         from .gguf_import import cache_root
 
         gguf = [Path(p) for p in args.peer_gguf or []]
@@ -395,8 +390,6 @@ def main(args) -> int:
         token_prompts = [engine.encode(p["prompt"], chat=p["chat"]) for p in prompts]
         for path in gguf:
             peers.append(llama_cpp_peer(path, token_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads))
-    import os
-
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "spin": not args.no_spin,
             "threads": args.threads or os.cpu_count(), "prompts": len(prompts) * args.repeats,
             "max_new_tokens": args.max_new_tokens, "command": "edge-spec " + " ".join(sys.argv[1:])}
