@@ -108,8 +108,13 @@ def peak_rss_mb() -> float:
 
 
 def measure(engine, prompts: list[dict], *, ks: list[int], temperatures: list[float], adaptive: bool,
-            max_new_tokens: int, seed: int = 0, repeats: int = 1, progress: bool = True) -> list[dict]:
-    """One plain + one speculative configuration per k (and adaptive), per temperature. Returns rows."""
+            max_new_tokens: int, seed: int = 0, repeats: int = 1, progress: bool = True,
+            peers: list | None = None) -> list[dict]:
+    """One plain + one speculative configuration per k (and adaptive), per temperature. Returns rows.
+
+    `peers` (e.g. LlamaCppPeer) decode each prompt right after our plain run of it, in the first pass
+    (greedy peers: once per prompt and repeat)."""
+    peers = peers or []
     from tqdm.auto import tqdm
 
     if engine.drafter is None:
@@ -121,10 +126,13 @@ def measure(engine, prompts: list[dict], *, ks: list[int], temperatures: list[fl
     try:
         engine.generate(prompts[0]["prompt"], chat=prompts[0]["chat"], max_new_tokens=8)  # warm-up: first-run costs
         engine.generate(prompts[0]["prompt"], chat=prompts[0]["chat"], max_new_tokens=8, spec_k=max(ks))
-        for temperature in temperatures:
+        token_prompts = [engine.encode(p["prompt"], chat=p["chat"]) for p in prompts] if peers else []
+        for peer in peers:
+            peer.warm_up(token_prompts[0])
+        for n_temp, temperature in enumerate(temperatures):
             plain = Tally()
             spec = {c: Tally() for c in configs}
-            total = len(prompts) * repeats * (1 + len(configs))
+            total = len(prompts) * repeats * (1 + len(configs) + (len(peers) if n_temp == 0 else 0))
             bar = tqdm(total=total, desc=f"bench T={temperature}", unit="run", disable=not progress, file=sys.stderr)
             for rep in range(repeats):
                 for i, row in enumerate(prompts):
@@ -132,6 +140,9 @@ def measure(engine, prompts: list[dict], *, ks: list[int], temperatures: list[fl
                     run_one(engine, marks, row, plain, k=None, adaptive=False, temperature=temperature,
                             max_new_tokens=max_new_tokens, seed=s)
                     bar.update(1)
+                    for peer in peers if n_temp == 0 else []:
+                        peer.run(token_prompts[i], max_new_tokens)
+                        bar.update(1)
                     for (k, ad), tally in spec.items():
                         run_one(engine, marks, row, tally, k=k, adaptive=ad, temperature=temperature,
                                 max_new_tokens=max_new_tokens, seed=s)
@@ -180,52 +191,63 @@ def _require_llama_cpp() -> None:
                           "pip install llama-cpp-python (builds llama.cpp from source, ~15 min on 2 cores)") from err
 
 
-def llama_cpp_peer(gguf: Path, token_prompts: list[list[int]], *, max_new_tokens: int, threads: int | None,
-                   label: str | None = None, extra_bufts: bool = False) -> dict:
-    """Plain greedy decode of a GGUF through llama-cpp-python, same prompt token ids, same token budget.
+class LlamaCppPeer:
+    """Plain greedy decode of a GGUF through llama-cpp-python, on the same prompt token ids and token budget.
 
-    `extra_bufts`: llama.cpp's extra CPU buffer types (AMX tiles, repacked quant layouts). Off by default:
-    with them, llama-cpp-python 0.3.36 built here segfaults on quantized models on this AMX CPU (f32 runs)."""
-    _require_llama_cpp()
-    from llama_cpp import Llama
-    if not Path(gguf).is_file():
-        raise ConfigError(f"GGUF file {gguf} does not exist", "pass --peer-gguf PATH")
-    import llama_cpp.llama_cpp as lowlevel
+    `measure` runs it right after our plain run of each prompt, so both see the same machine state (this
+    machine's speed drifts by 20-40% over minutes). `extra_bufts`: llama.cpp's extra CPU buffer types
+    (AMX tiles, repacked quant layouts). Off by default: with them, llama-cpp-python 0.3.36 built here
+    segfaults on quantized models on this AMX CPU (f32 runs)."""
 
-    n_threads = threads or os.cpu_count()
-    defaults = lowlevel.llama_model_default_params
+    def __init__(self, gguf: Path, *, threads: int | None, label: str | None = None, extra_bufts: bool = False):
+        _require_llama_cpp()
+        from llama_cpp import Llama
+        import llama_cpp.llama_cpp as lowlevel
 
-    def params():
-        p = defaults()
-        p.use_extra_bufts = extra_bufts
-        return p
+        if not Path(gguf).is_file():
+            raise ConfigError(f"GGUF file {gguf} does not exist", "pass --peer-gguf PATH")
+        self.gguf, self.label, self.extra_bufts = Path(gguf), label, extra_bufts
+        self.threads = threads or os.cpu_count()
+        defaults = lowlevel.llama_model_default_params
 
-    lowlevel.llama_model_default_params = params  # Llama() takes its model params from here
-    try:
-        llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
-    finally:
-        lowlevel.llama_model_default_params = defaults
-    stop = llm.token_eos()
-    tokens, decode_s, first = 0, 0.0, []
-    llm.generate(token_prompts[0][:8], temp=0.0).__next__()  # warm-up
-    for ids in token_prompts:
-        llm.reset()
+        def params():
+            p = defaults()
+            p.use_extra_bufts = extra_bufts
+            return p
+
+        lowlevel.llama_model_default_params = params  # Llama() takes its model params from here
+        try:
+            self.llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=self.threads, n_threads_batch=self.threads,
+                             verbose=False)
+        finally:
+            lowlevel.llama_model_default_params = defaults
+        self.tokens, self.decode_s, self.first = 0, 0.0, []
+
+    def warm_up(self, ids: list[int]) -> None:
+        self.llm.generate(ids[:8], temp=0.0).__next__()
+
+    def run(self, ids: list[int], max_new_tokens: int) -> None:
+        stop = self.llm.token_eos()
+        self.llm.reset()
         start = time.perf_counter()
         n, t_first = 0, None
-        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        for tok in self.llm.generate(ids, temp=0.0, top_k=1, reset=True):
             n += 1
             if t_first is None:
                 t_first = time.perf_counter()
             if tok == stop or n >= max_new_tokens:
                 break
         end = time.perf_counter()
-        first.append(t_first - start)
-        tokens += n - 1
-        decode_s += end - t_first
-    return {"peer": "llama.cpp", "model": Path(gguf).name, "precision": label or _gguf_type(gguf),
-            "tok_s": tokens / decode_s if decode_s else 0.0, "first_token_ms": 1000 * float(np.mean(first)),
-            "threads": n_threads, "tokens": tokens, "extra_bufts": extra_bufts,
-            "llama_cpp_python": __import__("llama_cpp").__version__}
+        self.first.append(t_first - start)
+        self.tokens += n - 1
+        self.decode_s += end - t_first
+
+    def result(self) -> dict:
+        return {"peer": "llama.cpp", "model": self.gguf.name, "precision": self.label or _gguf_type(self.gguf),
+                "tok_s": self.tokens / self.decode_s if self.decode_s else 0.0,
+                "first_token_ms": 1000 * float(np.mean(self.first)) if self.first else None,
+                "threads": self.threads, "tokens": self.tokens, "extra_bufts": self.extra_bufts,
+                "interleaved": True, "llama_cpp_python": __import__("llama_cpp").__version__}
 
 
 PEER_FTYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
@@ -383,13 +405,10 @@ def main(args) -> int:
         if args.peer_quant or not gguf:
             source = find_smollm2_gguf()
             gguf += [peer_gguf(source, kind, cache_root() / "peers") for kind in args.peer_quant or ["q4_1"]]
+    runners = [LlamaCppPeer(path, threads=args.threads) for path in gguf or []]
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
-                   max_new_tokens=args.max_new_tokens, repeats=args.repeats)
-    peers = []
-    if gguf:
-        token_prompts = [engine.encode(p["prompt"], chat=p["chat"]) for p in prompts]
-        for path in gguf:
-            peers.append(llama_cpp_peer(path, token_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads))
+                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners)
+    peers = [r.result() for r in runners]
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "spin": not args.no_spin,
             "threads": args.threads or os.cpu_count(), "prompts": len(prompts) * args.repeats,
             "max_new_tokens": args.max_new_tokens, "command": "edge-spec " + " ".join(sys.argv[1:])}

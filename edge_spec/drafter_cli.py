@@ -17,6 +17,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--work", default=None, help="cache folder for corpora/shards/checkpoints (default OUT.work)")
     tr.add_argument("--max-tokens", type=int, default=400_000, help="training tokens (regenerated chat included)")
     tr.add_argument("--max-chat-prompts", type=int, default=None, help="limit regenerated chat prompts")
+    tr.add_argument("--chat-templates", type=int, default=2,
+                    help="chat prompt templates per topic (1-8; more = more regenerated chat answers)")
     tr.add_argument("--regen-text", type=int, default=200, help="document openings the target continues (regenerated)")
     tr.add_argument("--regen-tokens", type=int, default=128, help="new tokens per regenerated answer/continuation")
     tr.add_argument("--regen-batch", type=int, default=16, help="prompts generated at once (bf16 CPU sweet spot: 16)")
@@ -67,7 +69,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .api import resolve_drafter
         init = resolve_drafter(args.init, args.target)
     report = run(load(args.target), Path(args.out), data=args.data, max_tokens=args.max_tokens,
-                 max_chat_prompts=args.max_chat_prompts, max_regen_text=args.regen_text, chat_max_new=args.regen_tokens,
+                 max_chat_prompts=args.max_chat_prompts, chat_templates=args.chat_templates, max_regen_text=args.regen_text, chat_max_new=args.regen_tokens,
                  chat_batch=args.regen_batch, hidden_size=args.hidden_size, num_layers=args.layers,
                  intermediate_size=args.intermediate_size, num_centroids=args.centroids,
                  top_k_clusters=args.top_k_clusters, head_from=args.head_from, train_cfg=cfg, max_steps=args.max_steps,

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GEMMA4, REUSE, STORE, ModelConfig
+from .kv import FULL
 
 
 class ModelOutput(NamedTuple):
@@ -77,6 +78,48 @@ def attend(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, scale: flo
     return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
 
 
+def slot_mask(mask: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Fold the new-row columns of a mask into the slots those rows take: [1, 1, T, S + T] -> [1, 1, T, S].
+
+    slots: [T] (full attention: slot == position). The slots' own cache columns are masked (empty) already.
+    """
+    t = slots.shape[0]
+    s = mask.shape[-1] - t
+    return mask[..., :s].scatter(-1, slots.view(1, 1, 1, t).expand(1, 1, t, t), mask[..., s:])
+
+
+def write_rows(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache [1, H_kv, S, D] with rows [1, H_kv, T, D] written to slots [T] (out of place: a graph input stays read-only)."""
+    index = slots.view(1, 1, -1, 1).expand(rows.shape)
+    return cache.scatter(2, index, rows)
+
+
+def attend_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Batch-invariant attention: row t of the output is bit-identical whatever T is (decode T=1 == verify T=k+1).
+
+    q: [1, H, T, D]; k, v: [1, H_kv, S, D] with the new rows already in their slots; mask: [1, 1, T, S] -> [1, T, H * D].
+    Why (measured, docs/architecture.md "Exact speculative decoding on quantized graphs"): every key sits in the
+    same column in both cases (no cache-part / new-part split, whose sums run in another order), the matmuls
+    always have >= 2 rows (a 1-row matmul takes another CPU kernel with another summation order), masked
+    probabilities are exact zeros, and extra masked columns at the end only add zeros.
+    """
+    b, h, t, d = q.shape
+    h_kv, s = k.shape[1], k.shape[2]
+    g = h // h_kv
+    pad = g == 1  # one query head per KV head: add a zero row so that T = 1 still runs a >= 2-row matmul
+    qg = q.reshape(b, h_kv, g * t, d)  # [1, H_kv, G*T, D]
+    if pad:
+        qg = torch.cat([qg, torch.zeros_like(qg[:, :, :1])], dim=2)
+    scores = torch.matmul(qg, k.transpose(-1, -2))[:, :, :g * t] * scale  # [1, H_kv, G*T, S]
+    keep = mask.unsqueeze(1) == 0  # [1, 1, 1, T, S]
+    probs = torch.softmax(scores.float().reshape(b, h_kv, g, t, s) + mask.unsqueeze(1), dim=-1)
+    probs = torch.where(keep, probs, torch.zeros_like(probs)).type_as(q).reshape(b, h_kv, g * t, s)
+    if pad:
+        probs = torch.cat([probs, torch.zeros_like(probs[:, :, :1])], dim=2)
+    out = torch.matmul(probs, v)[:, :, :g * t]  # [1, H_kv, G*T, D]
+    return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -99,9 +142,11 @@ class Attention(nn.Module):
                 self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
                 self.v_norm = RMSNorm(d, cfg.rms_norm_eps, with_scale=False)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, shared: dict):
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, shared: dict, slots: torch.Tensor | None = None):
         """x: [1, T, H]; k_cache/v_cache: [1, H_kv, S, D] or None for a KV-reusing layer.
 
+        slots: [T] slots of the new rows when attention runs batch-invariant (`attend_slots`; `mask` is then
+        [1, 1, T, S], see `slot_mask`), else None (split cache / new-row attention, mask [1, 1, T, S + T]).
         Returns (out [1, T, H], new rows (k, v) [1, H_kv, T, D] or None).
         """
         b, t = x.shape[:2]
@@ -120,9 +165,14 @@ class Attention(nn.Module):
             k = apply_rope(k, cos, sin).transpose(1, 2)  # [1, H_kv, T, D]
             v = v.transpose(1, 2)
             new = (k, v)
-            ks, vs = (k_cache, k), (v_cache, v)  # keys = cache slots [S] then new rows [T]
+            if slots is not None:  # keys = the cache with the new rows written to their slots
+                ks, vs = (write_rows(k_cache, k, slots),), (write_rows(v_cache, v, slots),)
+            else:
+                ks, vs = (k_cache, k), (v_cache, v)  # keys = cache slots [S] then new rows [T]
             if self.stores_kv:
                 shared[self.kind] = (ks, vs)
+        if slots is not None:
+            return self.o_proj(attend_slots(q, ks[0], vs[0], mask, self.scale)), new
         return self.o_proj(attend(q, ks, vs, mask, self.scale)), new
 
 
@@ -202,8 +252,8 @@ class Block(nn.Module):
             self.per_layer_projection = nn.Linear(cfg.per_layer_input_size, cfg.hidden_size, bias=False)
             self.post_per_layer_input_norm = RMSNorm(cfg.hidden_size, eps)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, shared, per_layer_input):
-        attn, new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, shared)
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, shared, per_layer_input, slots=None):
+        attn, new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, shared, slots)
         if not self.gemma:
             x = x + attn
             return x + self.mlp(self.post_attention_layernorm(x)), new
@@ -247,6 +297,9 @@ class Transformer(nn.Module):
         for kind, spec in cfg.rope.items():
             self.register_buffer(f"inv_freq_{kind}", torch.from_numpy(spec.inv_freq()), persistent=False)
         self.embed_scale = cfg.hidden_size ** 0.5 if cfg.family == GEMMA4 else 1.0
+        # Batch-invariant attention for full-attention layers (attend_slots): exported graphs turn it on so that
+        # a verify pass reproduces decode steps bit for bit; eager training / the torch runtime keep the split form.
+        self.slot_attention = False
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: [1, T] -> the scaled input embeddings [1, T, H] (what the drafter also reads)."""
@@ -268,6 +321,10 @@ class Transformer(nn.Module):
         x = self.embed(input_ids)  # [1, T, H]
         ple = self.per_layer_inputs(input_ids, x) if self.cfg.per_layer_input_size else None
         rope = {kind: rope_cos_sin(position_ids, getattr(self, f"inv_freq_{kind}")) for kind in self.cfg.rope}
+        slots = {kind: None for kind in masks}
+        if self.slot_attention and FULL in masks:
+            slots[FULL] = position_ids[0]  # [T]: a full-attention layer keeps position p in slot p
+            masks = {**masks, FULL: slot_mask(masks[FULL], slots[FULL])}  # [1, 1, T, S]
         cache_index = {layer: i for i, layer in enumerate(self.cached_layers)}
         shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         new_k, new_v = [], []
@@ -276,7 +333,7 @@ class Transformer(nn.Module):
             i = cache_index.get(layer)
             x, new = block(x, *rope[kind], masks[kind], k_caches[i] if i is not None else None,
                            v_caches[i] if i is not None else None, shared,
-                           ple[:, :, layer] if ple is not None else None)
+                           ple[:, :, layer] if ple is not None else None, slots[kind])
             if new is not None:
                 new_k.append(new[0])
                 new_v.append(new[1])

@@ -44,6 +44,59 @@ def verify(draft_tokens: Sequence[int], draft_probs: np.ndarray, target_probs: n
     return VerifyResult(k, sample(target_probs[k], rng))
 
 
+def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> VerifyResult:
+    """`verify` at temperature 0 without building one-hot rows: keep drafts while they are the target's argmax.
+
+    target_argmax: [k + 1] (lowest id on ties, as `token_probs`). Same result as `verify` on one-hot rows.
+    """
+    for i, x in enumerate(draft_tokens):
+        if x != target_argmax[i]:
+            return VerifyResult(i, int(target_argmax[i]))
+    k = len(draft_tokens)
+    return VerifyResult(k, int(target_argmax[k]))
+
+
+class LazyRows:
+    """Target distributions [k + 1, V] computed a row at a time, on first use (`verify` often stops at row 0-1).
+
+    Indexes like the dense array `verify` expects: rows[i] -> [V], rows[i, x] -> float."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams):
+        self.logits, self.params, self.rows = logits, params, {}
+
+    def __getitem__(self, key):
+        i, x = key if isinstance(key, tuple) else (key, None)
+        if i not in self.rows:
+            self.rows[i] = token_probs(self.logits[i], self.params)
+        return self.rows[i] if x is None else self.rows[i][x]
+
+
+class SparseRows:
+    """Drafter distributions over their candidates only (0 elsewhere): [k] x (sorted ids [N], probs [N]).
+
+    Indexes like a dense [k, V] array; a dense row is built only when `verify` needs a residual."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size, self.ids, self.probs = vocab_size, [], []
+
+    def append(self, ids: np.ndarray, probs: np.ndarray) -> None:
+        self.ids.append(ids)
+        self.probs.append(probs)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, key):
+        i, x = key if isinstance(key, tuple) else (key, None)
+        ids, probs = self.ids[i], self.probs[i]
+        if x is None:
+            row = np.zeros(self.vocab_size)
+            row[ids] = probs
+            return row
+        j = np.searchsorted(ids, x)
+        return float(probs[j]) if j < len(ids) and ids[j] == x else 0.0
+
+
 def accept_all(draft_tokens, draft_probs, target_probs, rng) -> VerifyResult:
     """A *wrong* verifier (negative control for the distribution test): trusts every draft."""
     k = len(draft_tokens)
@@ -55,6 +108,16 @@ def draft_distribution(step: DraftStep, vocab_size: int, params: SamplingParams)
     logits = np.full(vocab_size, -np.inf)
     logits[step.token_ids] = step.logits
     return token_probs(logits, params)
+
+
+def sparse_draft_distribution(step: DraftStep, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """`draft_distribution` restricted to the candidates: (ids sorted ascending [N], probs [N]).
+
+    Sorting by id keeps the dense version's tie rules (argmax, top-k, nucleus order): the tokens outside
+    the candidates have probability 0 there and change nothing."""
+    order = np.argsort(step.token_ids, kind="stable")
+    ids = step.token_ids[order]
+    return ids, token_probs(step.logits[order], params)
 
 
 def confidence(step: DraftStep, token: int) -> float:
@@ -183,6 +246,7 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
     check_request(prompt_ids, max_new_tokens, session.max_context)
     stats = SpecStats(k)
     model = CostModel(k) if adaptive else None
+    fast_greedy = params.greedy and verifier is verify
     start = time.perf_counter()
     session.reset()
     out = session.prefill(prompt_ids)
@@ -197,12 +261,14 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
         stats.k_chosen.append(k_now)
         t0 = time.perf_counter()
         drafts, draft_probs = _draft(drafter, session, token, hidden, k_now, params, rng, stop_ids, vocab_size,
-                                     min_confidence if adaptive else 0.0)
+                                     min_confidence if adaptive else 0.0, fast_greedy)
         t1 = time.perf_counter()
         out = session.forward([token] + drafts)  # [1 + len(drafts)] positions
         t2 = time.perf_counter()
-        target_probs = token_probs(out.logits, params)  # [1 + len(drafts), V]
-        n, nxt = verifier(drafts, np.asarray(draft_probs).reshape(len(drafts), vocab_size), target_probs, rng)
+        if fast_greedy:  # the one-hot case of `verify`, without one-hot rows
+            n, nxt = verify_greedy(drafts, out.logits.argmax(axis=-1))
+        else:
+            n, nxt = verifier(drafts, draft_probs, LazyRows(out.logits, params), rng)
         session.commit(n + 1)
         hidden = out.hidden[n]
         stats.drafter_s += t1 - t0
@@ -233,18 +299,24 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
 
 
 def _draft(drafter: DrafterBackend, session: Session, token: int, hidden: np.ndarray, k: int,
-           params: SamplingParams, rng, stop_ids, vocab_size: int, min_confidence: float):
-    """Propose up to k drafts after `token`; stops early at a stop token or a low-confidence draft."""
-    drafts, probs = [], []
+           params: SamplingParams, rng, stop_ids, vocab_size: int, min_confidence: float, fast_greedy: bool):
+    """Propose up to k drafts after `token`; stops early at a stop token or a low-confidence draft.
+
+    Returns (drafts, their distributions as SparseRows; left empty for `verify_greedy`, which needs argmaxes only)."""
+    drafts, probs = [], SparseRows(vocab_size)
     if k == 0:
         return drafts, probs
     drafter.begin(session.length, session.state.drafter_masks(), session.length)
     for _ in range(k):
         step = drafter.step(token, hidden)
-        q = draft_distribution(step, vocab_size, params)
-        token = int(np.argmax(q)) if params.greedy else sample(q, rng)
+        if fast_greedy:  # the argmax over the candidates, lowest id on ties (as the dense one-hot)
+            best = step.logits.max()
+            token = int(step.token_ids[step.logits == best].min())
+        else:
+            ids, q = sparse_draft_distribution(step, params)
+            token = int(ids[sample(q, rng)])
+            probs.append(ids, q)
         drafts.append(token)
-        probs.append(q)
         if token in stop_ids or (min_confidence and confidence(step, token) < min_confidence):
             break
         hidden = step.hidden

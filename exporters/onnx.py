@@ -8,8 +8,11 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
   * one target graph for every T (prefill chunks, verify, T=1 decode): the weights dominate a decode step;
   * symbolic cache length, so the runtime binds only the slot prefix in use (no attention over 2048 empty
     slots); caches keep the contract's head-major [1, H_kv, S, D] layout;
-  * attention scores the cache and the new rows separately (edge_spec.model.attend takes key/value parts)
-    instead of concatenating the caches, which in ONNX copies every cache every step;
+  * full attention is batch-invariant (edge_spec.model.attend_slots): the graph writes the new K/V rows into
+    a copy of the bound cache at their slots (slot == position) and attends over that, so a verify pass
+    reproduces T=1 decode steps bit for bit; this costs one copy of the bound cache prefix per layer and step
+    (measured in docs/architecture.md). Sliding layers keep the split cache / new-row form (a ring can hold
+    keys an earlier row of the same verify still needs);
   * the target's input embedding table is written once, raw, as `onnx/embed_table.bin`: the target graph
     reads it as external data of its `embed_table` initializer and the drafter graph takes it as an input
     (the runtime binds one memory-mapped buffer to both), so the drafter embeds tokens - and a
@@ -181,14 +184,19 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
     kinds = layout.kinds()
     t, lengths = 3, _example_lengths(layout)
     ids = torch.randint(0, cfg.vocab_size, (1, t))
-    pos = torch.arange(lengths[kinds[0]], lengths[kinds[0]] + t)[None]
+    start = min(lengths.values()) - t  # full-attention layers write the new rows into slots == positions
+    pos = torch.arange(start, start + t)[None]
     masks = tuple(torch.zeros(1, 1, t, lengths[kind] + t) for kind in kinds)
     caches = tuple(torch.randn(1, c.num_kv_heads, lengths[c.kind], c.head_dim) for c in layout.caches for _ in "kv")
     t_dim = torch.export.Dim(kv.T_DIM, min=1, max=layout.max_context)
     s_dims = {kind: torch.export.Dim(kv.slots_dim(kind), min=1, max=layout.slots(kind)) for kind in kinds}
     dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in kinds),
                tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"))
-    return _torch_export(TargetGraph(model, kinds).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
+    model.slot_attention = True  # batch-invariant full attention (edge_spec.model.attend_slots)
+    try:
+        return _torch_export(TargetGraph(model, kinds).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
+    finally:
+        model.slot_attention = False
 
 
 def export_drafter(drafter: Drafter, target: Transformer, layout: kv.KVLayout, sources: dict[str, int], *,

@@ -2,7 +2,8 @@
 
 Cache buffers: one flat float32 buffer per cached layer and K / V, allocated once with the layer's full
 slot count. The graphs take a symbolic cache length per attention kind, so the backend binds only a
-*bucket*: the smallest multiple of BUCKET slots that holds every visible key, viewed as the contiguous
+*bucket*: the smallest multiple of BUCKET slots that holds every visible key (full attention: and the slots
+the new rows are written to, see edge_spec.model.attend_slots), viewed as the contiguous
 prefix [1, H_kv, b, D] of the flat buffer (the contract's head-major layout, nothing copied per step).
 When a kind's bucket grows (every BUCKET tokens) the heads are moved apart in place, O(rows in use);
 after a reset / rewind it shrinks the same way. Committed rows are written into the bound views in
@@ -182,7 +183,8 @@ class OrtBackend:
         t = input_ids.shape[1]
         for kind in self.layout.kinds():
             used = min(n_cached, self.layout.slots(kind))  # slots >= used are empty (see kv.KVState.rewind)
-            self._fit(kind, used, used)
+            # full-attention graphs write the new rows into slots used..used+t-1 of the bound prefix
+            self._fit(kind, used, used + t if kind == kv.FULL else used)
             self.used[kind] = used
         if t > self.buffers.t_cap:
             self.buffers = _Buffers(max(t, 2 * self.buffers.t_cap), self.layout, self.vocab, self.hidden_size)

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from edge_spec import checkpoints
-from edge_spec.bench import Tally, markdown
+from edge_spec.api import load_bundle
+from edge_spec.bench import Tally, markdown, measure
 from edge_spec.cli import main
 from edge_spec.drafter import new_drafter
 from edge_spec.exporters.onnx import export_bundle
@@ -60,6 +61,37 @@ def test_bench_writes_json_markdown_and_plot(bundles, tmp_path, capsys):
     md = (out / "b.md").read_text()
     assert md.startswith("`edge-spec ") and "| ort | fp32 | 0 | 3 |" in md and md.count("\n| ort |") == 6
     assert "| ort | fp32 |" in stdout
+
+
+class RecordingPeer:
+    """Stands in for LlamaCppPeer: records when it runs, relative to our own runs."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def warm_up(self, ids):
+        self.log.append("peer warm-up")
+
+    def run(self, ids, max_new_tokens):
+        self.log.append(("peer", tuple(ids), max_new_tokens))
+
+
+def test_peers_run_right_after_our_plain_run_of_each_prompt(bundles):
+    bundle, _, prompts = bundles
+    engine = load_bundle(bundle, threads=1)
+    log = []
+    generate = engine.generate
+    engine.generate = lambda prompt, **kw: log.append(("ours", prompt, kw.get("speculative"))) or generate(prompt, **kw)
+    rows = [{"prompt": "w5 w6 w7", "chat": False}, {"prompt": "w9 w3", "chat": False}]
+    measure(engine, rows, ks=[2], temperatures=[0.0, 0.7], adaptive=False, max_new_tokens=6, progress=False,
+            peers=[RecordingPeer(log)])
+    timed = log[log.index("peer warm-up") + 1:]  # after our warm-up runs and the peer's
+    assert [(e[0], e[1] if e[0] == "ours" else None, e[2] if e[0] == "ours" else None) for e in timed] == [
+        ("ours", "w5 w6 w7", False), ("peer", None, None), ("ours", "w5 w6 w7", True),
+        ("ours", "w9 w3", False), ("peer", None, None), ("ours", "w9 w3", True),
+        ("ours", "w5 w6 w7", False), ("ours", "w5 w6 w7", True),  # T=0.7: no peer (it decodes greedily)
+        ("ours", "w9 w3", False), ("ours", "w9 w3", True)]
+    assert [e[1] for e in timed if e[0] == "peer"] == [tuple(engine.encode(r["prompt"])) for r in rows]
 
 
 def test_tally_split_and_markdown_arithmetic():

@@ -202,6 +202,29 @@ def test_quantized_bundle_logits_within_bound_and_speculative_exact(llama, tmp_p
     assert out.tokens == expected
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
+def test_verify_rows_are_bit_identical_to_decode_steps(llama, tmp_path, precision):
+    """The property greedy exactness rests on: a T=k+1 verify pass gives, row for row, the *same bits* as k+1
+    T=1 decode steps (batch-invariant attention, edge_spec.model.attend_slots). int8 activations inside
+    MatMulNBits amplify any 1-ulp attention difference, so quantized graphs are where a split would show.
+    Positions 58..69 cross a bucket edge (64), so decode and verify also bind different cache lengths."""
+    folder, target, drafter = llama
+    if precision != "fp32":
+        folder = export_bundle(target, tmp_path / precision, precision=precision, max_context=160)
+    session = load_bundle(folder, threads=2).session
+    ids = prompt_ids(70, seed=5)
+    for start, t in ((58, 6), (61, 5), (40, 2), (64, 4)):
+        session.reset()
+        session.prefill(ids[:start])
+        steps = []
+        for token in ids[start:start + t]:  # plain decoding: one token per forward
+            steps.append(session.forward([token]).logits[0])
+            session.commit(1)
+        session.rewind(start)
+        verify = session.forward(ids[start:start + t]).logits  # one verify pass over the same tokens
+        assert np.array_equal(np.stack(steps), verify), f"rows differ at start {start}, T {t}"
+
+
 def test_untied_target_with_a_target_head_drafter_gets_its_output_table(tmp_path):
     ref = save_reference(llama_config(num_hidden_layers=1, tie_word_embeddings=False), tmp_path / "untied")
     del ref

@@ -15,7 +15,8 @@ from edge_spec.errors import ConfigError
 from edge_spec.generate import generate_plain
 from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 from edge_spec.sampling import SamplingParams, token_probs
-from edge_spec.speculative import CostModel, accept_all, generate_speculative, verify
+from edge_spec.speculative import (CostModel, LazyRows, SparseRows, accept_all, draft_distribution, generate_speculative,
+                                   sparse_draft_distribution, verify, verify_greedy)
 
 
 class Uniforms:
@@ -56,6 +57,38 @@ def test_verify_greedy_is_the_one_hot_case():
     for u in (0.0, 0.5, 0.999):  # the uniforms cannot change a greedy outcome
         assert verify([1, 2], drafts_ok, target, Uniforms(u, u, u)) == (2, 2)
         assert verify([1, 0], drafts_ok[[0, 0]] * 0 + np.eye(3)[[1, 0]], target, Uniforms(u, u, u)) == (1, 2)
+
+
+def test_verify_greedy_equals_verify_on_one_hot_rows():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        k = int(rng.integers(0, 5))
+        logits = rng.integers(0, 4, (k + 1, 6)).astype(np.float32)  # small integers: many ties
+        target = token_probs(logits, SamplingParams(0.0))
+        drafts = [int(x) if rng.random() < 0.7 else int(rng.integers(0, 6)) for x in logits.argmax(-1)[:k]]
+        one_hot = np.eye(6)[drafts] if k else np.zeros((0, 6))
+        assert verify_greedy(drafts, logits.argmax(-1)) == verify(drafts, one_hot, target, Uniforms(*[0.5] * 9))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.7), SamplingParams(1.0, top_k=3), SamplingParams(0.9, top_p=0.8),
+                                    SamplingParams(0.0)])
+def test_sparse_and_lazy_rows_index_like_the_dense_arrays(params):
+    rng = np.random.default_rng(1)
+    vocab, sparse, dense = 40, SparseRows(40), []
+    for _ in range(3):
+        ids = rng.choice(vocab, 9, replace=False)  # candidates in the drafter's (unsorted) order
+        step = DraftStep(ids, rng.integers(-3, 3, 9).astype(np.float32), np.zeros(4, np.float32))  # with ties
+        dense.append(draft_distribution(step, vocab, params))
+        sparse.append(*sparse_draft_distribution(step, params))
+    logits = rng.normal(size=(4, vocab)).astype(np.float32)
+    lazy, full = LazyRows(logits, params), token_probs(logits, params)
+    for i in range(3):
+        np.testing.assert_allclose(sparse[i], dense[i], atol=1e-12)
+        np.testing.assert_allclose(lazy[i], full[i], atol=1e-12)
+        for x in range(vocab):
+            assert sparse[i, x] == pytest.approx(dense[i][x], abs=1e-12)
+            assert lazy[i, x] == pytest.approx(full[i][x], abs=1e-12)
+    assert set(lazy.rows) == {0, 1, 2}  # row 3 was never asked for, so never computed
 
 
 def test_cost_model_prefers_plain_decoding_for_a_useless_drafter():

@@ -9,6 +9,7 @@ import torch
 from edge_spec import checkpoints
 from edge_spec.cli import main
 from edge_spec.drafter import check_pair, load_drafter, new_drafter
+from edge_spec.errors import ConfigError
 from edge_spec.generate import generate_plain
 from edge_spec.backend import Session
 from edge_spec.config import kv_layout
@@ -27,6 +28,11 @@ def test_held_out_split_is_deterministic_and_disjoint():
     assert 60 < len(held) < 140  # ~5 %
     train_prompts = set(D.chat_prompts(["os", "re", "json"], held_out=False))
     assert not train_prompts & set(D.chat_prompts(["os", "re", "json"], held_out=True))
+    more = D.chat_prompts(["os", "re", "json"], held_out=False, templates_per_topic=4)
+    assert len(more) == len(set(more)) == 2 * len(train_prompts) and train_prompts <= set(more)
+    assert not set(more) & set(D.chat_prompts(["os", "re", "json"], held_out=True, templates_per_topic=8))
+    with pytest.raises(ConfigError, match="templates per topic"):
+        D.chat_prompts(["os"], held_out=False, templates_per_topic=9)
 
 
 def test_pack_and_anchor_masks_exact():

@@ -105,11 +105,15 @@ _GENERAL_TOPICS = (
 )
 
 
-def chat_prompts(extra_topics: list[str], *, held_out: bool) -> list[str]:
-    """Prompts = templates x topics (stdlib module names + general topics), split by hash."""
+def chat_prompts(extra_topics: list[str], *, held_out: bool, templates_per_topic: int = 2) -> list[str]:
+    """Prompts = templates x topics (stdlib module names + general topics), split by topic hash.
+
+    Topic i uses templates i, i+3, i+6, ... (mod 8); the first two are the same for any `templates_per_topic`."""
+    if not 1 <= templates_per_topic <= len(_TEMPLATES):
+        raise ConfigError(f"templates per topic must be 1..{len(_TEMPLATES)}, got {templates_per_topic}")
     prompts = []
     for i, topic in enumerate(sorted(set(_GENERAL_TOPICS) | set(extra_topics))):
-        for template in (_TEMPLATES[i % len(_TEMPLATES)], _TEMPLATES[(i + 3) % len(_TEMPLATES)]):
+        for template in (_TEMPLATES[(i + 3 * j) % len(_TEMPLATES)] for j in range(templates_per_topic)):
             prompt = template.format(topic=topic)
             if is_held_out(topic, 10) == held_out:  # split by topic: held-out topics are never seen
                 prompts.append(prompt)

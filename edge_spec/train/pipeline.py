@@ -107,7 +107,8 @@ def _shard_rows(path: Path) -> int:
 
 
 def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 400_000, chat_batch: int = 16,
-        chat_max_new: int = 128, max_chat_prompts: int | None = None, max_regen_text: int = 200, hidden_size: int = 256, num_layers: int = 2, intermediate_size: int = 1024,
+        chat_max_new: int = 128, max_chat_prompts: int | None = None, chat_templates: int = 2,
+        max_regen_text: int = 200, hidden_size: int = 256, num_layers: int = 2, intermediate_size: int = 1024,
         num_centroids: int = 1024, top_k_clusters: int = 32, head_from: str = "target",
         train_cfg: TrainConfig = TrainConfig(), max_steps: int | None = None, work: Path | None = None,
         init: Path | None = None, shard_bits: int = 16) -> dict:
@@ -142,7 +143,8 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
     seqs = {}
     budget = max_tokens
     if "chat" in data:
-        prompts = D.chat_prompts(D.stdlib_module_names(), held_out=False)[:max_chat_prompts]
+        prompts = D.chat_prompts(D.stdlib_module_names(), held_out=False,
+                                 templates_per_topic=chat_templates)[:max_chat_prompts]
         seqs["chat"] = chat_sequences(loaded, prompts, max_new_tokens=chat_max_new, batch=chat_batch, dtype=dtype,
                                       cache=work / "chat.jsonl")
         budget = max(0, max_tokens - seqs["chat"].size)
