@@ -141,7 +141,9 @@ def measure(engine, prompts: list[dict], *, ks: list[int], temperatures: list[fl
                             max_new_tokens=max_new_tokens, seed=s)
                     bar.update(1)
                     for peer in peers if n_temp == 0 else []:
+                        time.sleep(SETTLE_S)  # let the other engine's threads stop spinning first
                         peer.run(token_prompts[i], max_new_tokens)
+                        time.sleep(SETTLE_S)
                         bar.update(1)
                     for (k, ad), tally in spec.items():
                         run_one(engine, marks, row, tally, k=k, adaptive=ad, temperature=temperature,
@@ -189,6 +191,9 @@ def _require_llama_cpp() -> None:
     except ImportError as err:
         raise ConfigError("--peer llama.cpp needs llama-cpp-python",
                           "pip install llama-cpp-python (builds llama.cpp from source, ~15 min on 2 cores)") from err
+
+
+SETTLE_S = 0.2  # pause when switching between our engine and a peer: both spin-wait idle threads for a while
 
 
 class LlamaCppPeer:

@@ -69,7 +69,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .api import resolve_drafter
         init = resolve_drafter(args.init, args.target)
     report = run(load(args.target), Path(args.out), data=args.data, max_tokens=args.max_tokens,
-                 max_chat_prompts=args.max_chat_prompts, chat_templates=args.chat_templates, max_regen_text=args.regen_text, chat_max_new=args.regen_tokens,
+                 max_chat_prompts=args.max_chat_prompts, chat_templates=args.chat_templates,
+                 max_regen_text=args.regen_text, chat_max_new=args.regen_tokens,
                  chat_batch=args.regen_batch, hidden_size=args.hidden_size, num_layers=args.layers,
                  intermediate_size=args.intermediate_size, num_centroids=args.centroids,
                  top_k_clusters=args.top_k_clusters, head_from=args.head_from, train_cfg=cfg, max_steps=args.max_steps,

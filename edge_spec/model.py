@@ -98,7 +98,7 @@ def attend_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     """Batch-invariant attention: row t of the output is bit-identical whatever T is (decode T=1 == verify T=k+1).
 
     q: [1, H, T, D]; k, v: [1, H_kv, S, D] with the new rows already in their slots; mask: [1, 1, T, S] -> [1, T, H * D].
-    Why (measured, docs/architecture.md "Exact speculative decoding on quantized graphs"): every key sits in the
+    Why (measured, docs/architecture.md "Exactness of quantized bundles"): every key sits in the
     same column in both cases (no cache-part / new-part split, whose sums run in another order), the matmuls
     always have >= 2 rows (a 1-row matmul takes another CPU kernel with another summation order), masked
     probabilities are exact zeros, and extra masked columns at the end only add zeros.

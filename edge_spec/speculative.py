@@ -104,7 +104,9 @@ def accept_all(draft_tokens, draft_probs, target_probs, rng) -> VerifyResult:
 
 
 def draft_distribution(step: DraftStep, vocab_size: int, params: SamplingParams) -> np.ndarray:
-    """The drafter's distribution over the full vocabulary [V]: 0 outside the scored candidates."""
+    """The drafter's distribution over the full vocabulary [V]: 0 outside the scored candidates.
+
+    The dense definition; the loop uses its sparse equivalent `sparse_draft_distribution` (tested against it)."""
     logits = np.full(vocab_size, -np.inf)
     logits[step.token_ids] = step.logits
     return token_probs(logits, params)
