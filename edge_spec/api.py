@@ -44,6 +44,11 @@ def resolve_drafter(drafter: str, model: str) -> Path:
     return folder
 
 
+def default_drafter(model: str) -> str | None:
+    """'builtin' when `model` is a built-in name that ships a drafter, else None (what `export` uses by default)."""
+    return "builtin" if model in BUILTIN_MODELS and (BUILTIN_DRAFTERS / model / "config.json").is_file() else None
+
+
 class Engine:
     """A target session (+ optional drafter) with its tokenizer: `generate(prompt, ...)`.
 

@@ -16,6 +16,8 @@ import json
 import os
 import platform
 import resource
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -286,6 +288,94 @@ def peer_gguf(source: Path, kind: str, cache: Path) -> Path:
     return out
 
 
+GENAI_PRECISIONS = ("fp32", "int8", "int4")  # onnxruntime-genai model builder precisions on the CPU provider
+
+
+def _require_genai():
+    try:
+        import onnxruntime_genai
+    except ImportError as err:
+        raise ConfigError("--peer onnxruntime-genai needs onnxruntime-genai",
+                          "pip install onnxruntime-genai (use --no-deps to keep this onnxruntime)") from err
+    return onnxruntime_genai
+
+
+def genai_model(source: Path, precision: str, cache: Path) -> Path:
+    """onnxruntime-genai's own ONNX model of the checkpoint folder `source` (config.json + safetensors), built
+    by its model builder for the CPU provider and cached (written to a temp folder, then renamed)."""
+    og = _require_genai()
+    if precision not in GENAI_PRECISIONS:
+        raise ConfigError(f"unknown onnxruntime-genai precision {precision!r}",
+                          f"choose from {', '.join(GENAI_PRECISIONS)}")
+    if not (Path(source) / "config.json").is_file():
+        raise ConfigError(f"{source} is not a checkpoint folder (no config.json)",
+                          "the genai peer is built from the target's Hugging Face folder: pass --model FOLDER")
+    out = cache / f"genai-{og.__version__}-{Path(source).name}-{precision}"
+    if (out / "genai_config.json").is_file():
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(tmp / "model"),
+           "-p", precision, "-e", "cpu", "-c", str(tmp / "hf-cache")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0 or not (tmp / "model" / "genai_config.json").is_file():
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(f"onnxruntime-genai's model builder failed on {source} ({precision}): "
+                          f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no output'}",
+                          "check that the folder is a supported Llama/Gemma checkpoint")
+    (tmp / "model").rename(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+class OrtGenaiPeer:
+    """Plain greedy decode through onnxruntime-genai with the model its own builder made of the same checkpoint
+    (fused GroupQueryAttention / RotaryEmbedding / SkipSimplifiedLayerNorm graph; its int4 is symmetric with a
+    4-bit head, so its tokens can differ from ours). Same prompt ids, budget and interleaving as LlamaCppPeer."""
+
+    def __init__(self, model_dir: Path, *, threads: int | None, precision: str):
+        og = _require_genai()
+        self.model_dir, self.precision = Path(model_dir), precision
+        self.threads = threads or os.cpu_count()
+        config = og.Config(str(model_dir))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": self.threads, "inter_op_num_threads": 1}}}}))
+        self.og, self.model = og, og.Model(config)
+        self.tokens, self.decode_s, self.first, self.outputs = 0, 0.0, [], []
+
+    def _generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], float, float, float]:
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=False)
+        gen = self.og.Generator(self.model, params)
+        start = time.perf_counter()
+        gen.append_tokens(np.asarray(ids, dtype=np.int32))
+        out, t_first = [], None
+        while not gen.is_done() and len(out) < max_new_tokens:
+            gen.generate_next_token()
+            out.append(int(gen.get_next_tokens()[0]))
+            if t_first is None:
+                t_first = time.perf_counter()
+        return out, start, t_first, time.perf_counter()
+
+    def warm_up(self, ids: list[int]) -> None:
+        self._generate(ids[:8], 2)
+
+    def run(self, ids: list[int], max_new_tokens: int) -> None:
+        out, start, t_first, end = self._generate(ids, max_new_tokens)
+        self.outputs.append(out)
+        self.first.append(t_first - start)
+        self.tokens += len(out) - 1
+        self.decode_s += end - t_first
+
+    def result(self) -> dict:
+        return {"peer": "onnxruntime-genai", "model": self.model_dir.name, "precision": self.precision,
+                "tok_s": self.tokens / self.decode_s if self.decode_s else 0.0,
+                "first_token_ms": 1000 * float(np.mean(self.first)) if self.first else None,
+                "threads": self.threads, "tokens": self.tokens, "interleaved": True,
+                "onnxruntime_genai": self.og.__version__}
+
+
 def _gguf_type(path: Path) -> str:
     name = Path(path).stem.lower()
     if ".as-" in name:
@@ -382,6 +472,21 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()}"
 
 
+def _target_folder(engine) -> Path:
+    """The target's checkpoint folder: the bundle's recorded source, or the loaded checkpoint's folder."""
+    folder = engine.manifest.target.source if engine.manifest else getattr(engine.loaded, "folder", None)
+    if not folder or not Path(folder).is_dir():
+        raise ConfigError(f"the target's checkpoint folder {folder!r} is not on this machine",
+                          "--peer onnxruntime-genai builds its model from it: run on the machine that exported "
+                          "the bundle, or use --model FOLDER")
+    return Path(folder)
+
+
+def _genai_default(engine) -> str:
+    precision = engine.manifest.precision if engine.manifest else "fp32"
+    return precision if precision in GENAI_PRECISIONS else "fp32"
+
+
 def main(args) -> int:
     from .api import load
     from .train.evaluate import read_prompts
@@ -411,6 +516,13 @@ def main(args) -> int:
             source = find_smollm2_gguf()
             gguf += [peer_gguf(source, kind, cache_root() / "peers") for kind in args.peer_quant or ["q4_1"]]
     runners = [LlamaCppPeer(path, threads=args.threads) for path in gguf or []]
+    if "onnxruntime-genai" in (args.peer or []):
+        from .gguf_import import cache_root
+
+        source = _target_folder(engine)
+        precisions = args.genai_precision or [_genai_default(engine)]
+        runners += [OrtGenaiPeer(genai_model(source, p, cache_root() / "peers"), threads=args.threads, precision=p)
+                    for p in precisions]
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners)
     peers = [r.result() for r in runners]

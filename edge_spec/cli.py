@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .errors import EdgeSpecError
+from .manifest import PRECISIONS
 
 EXIT_USER_ERROR = 2
 
@@ -64,10 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="export a target (+ drafter) to a bundle: manifest.json + tokenizer + graphs")
     exp.add_argument("--model", default=DEFAULT_MODEL,
                      help="built-in name (smollm2-135m) or a Hugging Face checkpoint folder (default smollm2-135m)")
-    exp.add_argument("--drafter", default=None, help="'builtin' or a drafter folder (default: no drafter)")
+    exp.add_argument("--drafter", default=None,
+                     help="'builtin', a drafter folder or 'none' (default: the built-in drafter when the model ships "
+                          "one, as smollm2-135m does; otherwise none)")
     exp.add_argument("--format", default="onnx", choices=["onnx"], help="artifact format (default onnx)")
-    exp.add_argument("--quant", default="fp32", choices=["fp32", "int8", "int4"],
-                     help="weights: fp32, int8 or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head); default fp32")
+    exp.add_argument("--quant", default="fp32", choices=list(PRECISIONS),
+                     help="weights: fp32, fp16 (fp16 compute for accelerator providers; slower on x86 CPUs), int8 or "
+                          "int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head); default fp32")
     exp.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
     exp.add_argument("--max-draft-len", type=int, default=8, help="largest --spec-k the bundle accepts (default 8)")
     exp.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"],
@@ -84,8 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--adaptive", action="store_true", help="also measure adaptive k (max = largest --spec-k)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=1, help="passes over the prompts (default 1)")
-    bench.add_argument("--peer", action="append", choices=["llama.cpp"],
-                       help="also time a peer's plain decode of the same model (llama.cpp: llama-cpp-python)")
+    bench.add_argument("--peer", action="append", choices=["llama.cpp", "onnxruntime-genai"],
+                       help="also time a peer's plain decode of the same model (llama.cpp: llama-cpp-python; "
+                            "onnxruntime-genai: its model builder's graph of the target's checkpoint folder); repeatable")
+    bench.add_argument("--genai-precision", nargs="+", default=None, choices=["fp32", "int8", "int4"],
+                       help="--peer onnxruntime-genai model precisions (default: the bundle's, fp32 for fp16)")
     bench.add_argument("--peer-gguf", nargs="+", default=None, help="GGUF files for --peer llama.cpp")
     bench.add_argument("--peer-quant", nargs="+", default=None, choices=["f32", "q8_0", "q4_0", "q4_1"],
                        help="--peer llama.cpp on the built-in SmolLM2 GGUF (Q4_1) re-encoded by llama.cpp as these "
@@ -121,12 +128,14 @@ def cmd_bench_head(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .api import resolve_drafter
+    from .api import default_drafter, resolve_drafter
     from .checkpoints import load as load_checkpoint
     from .drafter import load_drafter
     from .exporters.onnx import export_bundle, export_steps
 
-    bar = tqdm(total=export_steps(args.drafter is not None) + 1, desc="export", unit="step", file=sys.stderr,
+    choice = default_drafter(args.model) if args.drafter is None else args.drafter
+    choice = None if choice == "none" else choice
+    bar = tqdm(total=export_steps(choice is not None) + 1, desc="export", unit="step", file=sys.stderr,
                bar_format="{desc}: {n}/{total} {bar} {elapsed} {postfix}")
 
     def progress(step: str) -> None:
@@ -135,7 +144,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:
         progress("loading the checkpoints")
-        drafter_folder = resolve_drafter(args.drafter, args.model) if args.drafter else None
+        drafter_folder = resolve_drafter(choice, args.model) if choice else None
         drafter = load_drafter(drafter_folder) if drafter_folder else None
         target = load_checkpoint(args.model)
         out = export_bundle(target, args.out, drafter=drafter,

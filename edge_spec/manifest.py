@@ -30,7 +30,7 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")  # copied when present
 BINDING_IO = "io"
-PRECISIONS = ("fp32", "int8", "int4")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
 _HASH_CHUNK = 1 << 22
 
 
@@ -109,7 +109,7 @@ class DrafterEntry(ModelEntry):
 @dataclass(frozen=True)
 class Manifest:
     format: str  # "onnx"
-    precision: str  # fp32 | int8 | int4
+    precision: str  # fp32 | fp16 | int8 | int4
     target: ModelEntry
     drafter: DrafterEntry | None
     layout: KVLayout

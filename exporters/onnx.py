@@ -367,11 +367,67 @@ def _drop_unused_initializers(proto: onnx.ModelProto) -> None:
     proto.graph.initializer.extend(alive)
 
 
+def to_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """fp16 weights and compute with onnxruntime's own converter; graph IO stays float32 (`keep_io_types`), so
+    caches, masks and the runtime are the same as fp32. Nodes that read a shared table (`embed_table`,
+    `output_table`: the raw fp32 files both graphs bind) stay fp32, so the table is neither converted nor cast
+    per step; the tied output head gets its own fp16 copy (the Transpose is folded first). For accelerator
+    providers (CoreML / QNN / GPU); on this x86 CPU fp16 decode is ~1.4x slower than fp32 (docs/benchmarks.md)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    _fold_weight_transposes(proto)
+    tables = set(TABLE_FILES)
+    keep_fp32 = [n.name for n in proto.graph.node if tables & set(n.input)]
+    table_inits = {t.name: onnx.TensorProto() for t in proto.graph.initializer if t.name in tables}
+    for t in proto.graph.initializer:
+        if t.name in table_inits:
+            table_inits[t.name].CopyFrom(t)
+    with _quiet("onnxruntime"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = convert_float_to_float16(proto, keep_io_types=True, node_block_list=keep_fp32,
+                                       disable_shape_infer=True)
+    # the converter stores float initializers as fp16 (and casts float graph inputs to fp16) and casts them back
+    # for the fp32 nodes: undo both round trips for the tables (the raw fp32 files are the single copy)
+    fp32_alias = {}  # Cast output -> the table it carries, for casts back to float32
+    fp16_of = {}  # Cast output -> table, for casts of a table to fp16
+    for node in out.graph.node:
+        if node.op_type != "Cast":
+            continue
+        to = next(a.i for a in node.attribute if a.name == "to")
+        src = node.input[0]
+        table = src if src in tables else fp16_of.get(src) or fp32_alias.get(src)
+        if table is not None:
+            (fp32_alias if to == onnx.TensorProto.FLOAT else fp16_of)[node.output[0]] = table
+    for node in out.graph.node:
+        node.input[:] = [fp32_alias.get(name, name) for name in node.input]
+    table_casts = fp32_alias.keys() | fp16_of.keys()
+    kept = list(out.graph.node)
+    while True:  # drop table casts nobody reads, back to front along each chain
+        used = {name for node in kept for name in node.input} | {o.name for o in out.graph.output}
+        alive = [n for n in kept if not (n.op_type == "Cast" and n.output[0] in table_casts and n.output[0] not in used)]
+        if len(alive) == len(kept):
+            break
+        kept = alive
+    dangling = [n.name for n in kept if n.op_type == "Cast" and n.output[0] in table_casts]
+    if dangling:
+        raise ExportError(f"fp16 conversion left table casts that fp16 nodes still read: {dangling}")
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    for t in out.graph.initializer:
+        if t.name in table_inits:
+            t.CopyFrom(table_inits[t.name])
+    _drop_unused_initializers(out)
+    return out
+
+
 def quantize(proto: onnx.ModelProto, precision: str, vocab_size: int) -> onnx.ModelProto:
-    """fp32 (as is) | int8 (8-bit weights) | int4 (4-bit weights, 8-bit output head); blocks of 32, see
-    `quantize_blocks`. Activations are quantized to int8 per block inside MatMulNBits (accuracy level 4)."""
+    """fp32 (as is) | fp16 (`to_float16`) | int8 (8-bit weights) | int4 (4-bit weights, 8-bit output head);
+    blocks of 32, see `quantize_blocks`. Activations are quantized to int8 per block inside MatMulNBits
+    (accuracy level 4)."""
     if precision == "fp32":
         return proto
+    if precision == "fp16":
+        return to_float16(proto)
     if precision not in QUANT_BITS:
         raise ConfigError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
     _fold_weight_transposes(proto)

@@ -5,6 +5,7 @@ No speed is asserted here (speed lives in docs/benchmarks.md, produced by the co
 import builtins
 import json
 
+import numpy as np
 import pytest
 
 from edge_spec import checkpoints
@@ -12,6 +13,7 @@ from edge_spec.api import load_bundle
 from edge_spec.bench import Tally, markdown, measure
 from edge_spec.cli import main
 from edge_spec.drafter import new_drafter
+from edge_spec.errors import ConfigError
 from edge_spec.exporters.onnx import export_bundle
 
 
@@ -144,6 +146,30 @@ def test_bench_needs_a_drafter_and_names_missing_peer(bundles, monkeypatch, caps
     assert main(["bench", "--bundle", str(bundle), "--prompts", str(prompts), "--peer", "llama.cpp",
                  "--peer-gguf", str(gguf)]) == 2
     assert "pip install llama-cpp-python" in capsys.readouterr().err
+
+
+def test_onnxruntime_genai_peer_decodes_the_same_model(bundles, tiny_llama, tmp_path, monkeypatch, capsys):
+    """The genai peer is built by onnxruntime-genai's own builder from the target's checkpoint folder: in fp32 it
+    must produce our plain greedy tokens (same weights), and it reports through --json like llama.cpp."""
+    from edge_spec.bench import OrtGenaiPeer, genai_model
+
+    bundle, _, prompts = bundles
+    monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path / "cache"))
+    engine = load_bundle(bundle, threads=1)
+    peer = OrtGenaiPeer(genai_model(tiny_llama[0], "fp32", tmp_path / "peers"), threads=1, precision="fp32")
+    for seed in range(3):
+        ids = [int(i) for i in np.random.default_rng(seed).integers(4, 320, 9)]
+        peer.run(ids, 10)
+        assert peer.outputs[-1] == engine.generate(ids, max_new_tokens=10, speculative=False).tokens
+    assert peer.result()["tokens"] == 27 and peer.result()["tok_s"] > 0
+    with pytest.raises(ConfigError, match="no config.json"):
+        genai_model(tmp_path, "fp32", tmp_path / "peers")
+    out = tmp_path / "b.json"
+    assert main(["bench", "--bundle", str(bundle), "--prompts", str(prompts), "--spec-k", "1", "--max-new-tokens",
+                 "6", "--threads", "1", "--peer", "onnxruntime-genai", "--json", str(out)]) == 0
+    assert "| onnxruntime-genai |" in capsys.readouterr().out
+    (genai,) = [r for r in json.loads(out.read_text()) if "peer" in r]
+    assert genai["peer"] == "onnxruntime-genai" and genai["precision"] == "fp32" and genai["tokens"] == 2 * 5
 
 
 def test_bench_eager_runtime_from_a_checkpoint(tiny_llama, tmp_path):
