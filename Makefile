@@ -24,12 +24,14 @@ BUNDLE ?= bundles/smollm2-$(QUANT)
 # main job: export SmolLM2 + its built-in drafter to an ONNX bundle (int4: holds the embedded GGUF's Q4_1
 # body weights exactly and is the fastest precision here; QUANT=int8 or fp32 also work), generate plain and
 # speculatively with onnxruntime (each run prints its speed), then `edge-spec bench` prints the measured
-# speedup table (and checks greedy exactness per prompt).
+# speedup table (and checks greedy exactness per prompt), with onnxruntime-genai's own model of the same
+# checkpoint decoding each prompt right after us (same runtime library, its fused graph).
 demo: venv
 	$(BIN)/edge-spec export --model smollm2-135m --drafter builtin --quant $(QUANT) --out $(BUNDLE)
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --chat --prompt "$(PROMPT)" --max-new-tokens 96 --no-spec
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --chat --prompt "$(PROMPT)" --max-new-tokens 96 --adaptive
-	$(BIN)/edge-spec bench --bundle $(BUNDLE) --threads 2 --num-prompts 3 --spec-k 2 4 --adaptive --max-new-tokens 64
+	$(BIN)/edge-spec bench --bundle $(BUNDLE) --threads 2 --num-prompts 3 --spec-k 2 4 --adaptive --max-new-tokens 64 \
+	    --peer onnxruntime-genai
 
 test: venv
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "one, as smollm2-135m does; otherwise none)")
     exp.add_argument("--format", default="onnx", choices=["onnx"], help="artifact format (default onnx)")
     exp.add_argument("--quant", default="fp32", choices=list(PRECISIONS),
-                     help="weights: fp32, fp16 (fp16 compute for accelerator providers; slower on x86 CPUs), int8 or "
-                          "int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head); default fp32")
+                     help="weights: fp32, fp16 (fp16 compute for accelerator providers; ~10%% slower than fp32 "
+                          "on an x86 CPU), int8 or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output "
+                          "head); default fp32")
     exp.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
     exp.add_argument("--max-draft-len", type=int, default=8, help="largest --spec-k the bundle accepts (default 8)")
     exp.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"],
@@ -90,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=1, help="passes over the prompts (default 1)")
     bench.add_argument("--peer", action="append", choices=["llama.cpp", "onnxruntime-genai"],
                        help="also time a peer's plain decode of the same model (llama.cpp: llama-cpp-python; "
-                            "onnxruntime-genai: its model builder's graph of the target's checkpoint folder); repeatable")
+                            "onnxruntime-genai: its model builder's graph of the target's checkpoint folder); "
+                            "repeatable")
     bench.add_argument("--genai-precision", nargs="+", default=None, choices=["fp32", "int8", "int4"],
                        help="--peer onnxruntime-genai model precisions (default: the bundle's, fp32 for fp16)")
     bench.add_argument("--peer-gguf", nargs="+", default=None, help="GGUF files for --peer llama.cpp")

@@ -372,7 +372,8 @@ def to_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
     caches, masks and the runtime are the same as fp32. Nodes that read a shared table (`embed_table`,
     `output_table`: the raw fp32 files both graphs bind) stay fp32, so the table is neither converted nor cast
     per step; the tied output head gets its own fp16 copy (the Transpose is folded first). For accelerator
-    providers (CoreML / QNN / GPU); on this x86 CPU fp16 decode is ~1.4x slower than fp32 (docs/benchmarks.md)."""
+    providers (CoreML / QNN / GPU); on this x86 CPU fp16 plain decode is ~10% slower than fp32
+    (docs/architecture.md)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     _fold_weight_transposes(proto)
@@ -404,7 +405,8 @@ def to_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
     kept = list(out.graph.node)
     while True:  # drop table casts nobody reads, back to front along each chain
         used = {name for node in kept for name in node.input} | {o.name for o in out.graph.output}
-        alive = [n for n in kept if not (n.op_type == "Cast" and n.output[0] in table_casts and n.output[0] not in used)]
+        alive = [n for n in kept
+                 if not (n.op_type == "Cast" and n.output[0] in table_casts and n.output[0] not in used)]
         if len(alive) == len(kept):
             break
         kept = alive

@@ -33,7 +33,8 @@ LOGITS_TOL = 1e-4  # fp32 ORT vs eager, max abs
 # fp16 0.025%, int8 0.7-0.95%, int4 6.9-8.4%; top-1 agreement 1.0 for all. Bounds leave ~3-4x headroom.
 # (SmolLM2: see docs/architecture.md; its Q4_1 weights come back exactly, only the int8 activations inside
 # MatMulNBits differ.)
-QUANT_BOUNDS = {"fp16": (1e-3, 1.0), "int8": (0.03, 0.9), "int4": (0.25, 0.85)}  # precision -> (relative max diff, min top-1 agreement)
+# precision -> (relative max diff, min top-1 agreement)
+QUANT_BOUNDS = {"fp16": (1e-3, 1.0), "int8": (0.03, 0.9), "int4": (0.25, 0.85)}
 
 
 def prompt_ids(n, seed=0, vocab=320):
