@@ -18,10 +18,12 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
     (the runtime binds one memory-mapped buffer to both), so the drafter embeds tokens - and a
     `head_from="target"` drafter scores them - without a second copy. An untied target with such a
     drafter also gets `output_table.bin` (its lm_head), the one case with a duplicate;
-  * precisions: fp32; int8 / int4 = weight-only MatMulNBits (blocks of 32, asymmetric min/max codes, int8
-    activations = accuracy level 4; the output head stays 8-bit in int4). onnxruntime's own quantizers were
-    measured and rejected: quantize_dynamic (per-tensor uint8 activations) and symmetric int4 agreed with
-    fp32 on only ~60% of SmolLM2's top-1 tokens;
+  * precisions: fp32; fp16 (onnxruntime's float16 converter, float32 IO, `to_float16`); int8 / int4 =
+    weight-only MatMulNBits (blocks of 32, int8 activations = accuracy level 4): int8 symmetric codes (as
+    Q8_0: no offset term, ~14% faster than asymmetric), int4 asymmetric min/max codes (GGUF Q4_1 weights
+    exactly) with an 8-bit output head. onnxruntime's own quantizers were measured and rejected:
+    quantize_dynamic (per-tensor uint8 activations) and symmetric int4 agreed with fp32 on only ~60% of
+    SmolLM2's top-1 tokens;
   * exporter: dynamo (default; leaner graphs, ~15% faster decode than TorchScript's shape-op chains) or
     TorchScript (`exporter="torchscript"`, ~10x faster to export). Both work with torch 2.13.
 
@@ -59,9 +61,11 @@ DRAFTER_FILE = f"{ONNX_DIR}/drafter.onnx"
 TABLE_FILES = {kv.EMBED_TABLE: f"{ONNX_DIR}/embed_table.bin", kv.OUTPUT_TABLE: f"{ONNX_DIR}/output_table.bin"}
 OPSET = 18
 QUANT_BLOCK = 32
-QUANT_BITS = {"int8": (8, 8), "int4": (4, 8)}  # precision -> (weight bits, output-head bits)
+# precision -> (weight bits, output-head bits, symmetric codes)
+QUANT_BITS = {"int8": (8, 8, True), "int4": (4, 8, False)}
 # MatMulNBits with int8 activations: the only fast CPU kernels (fp32 activations, or float zero points, ran ~10x
-# slower here), so asymmetric codes keep the symmetric kernel and add a per-block offset term instead.
+# slower here, and 8-bit float zero points are refused), so int4's asymmetric codes keep the symmetric kernel and
+# add a per-block offset term; int8 is symmetric like llama.cpp's Q8_0 and needs no offset term.
 ACCURACY_LEVEL = 4
 DEFAULT_MAX_DRAFT_LEN = 8
 
@@ -267,27 +271,36 @@ def _fold_weight_transposes(proto: onnx.ModelProto) -> None:
     _drop_unused_initializers(proto)
 
 
-def quantize_blocks(w: np.ndarray, bits: int, block: int = QUANT_BLOCK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Asymmetric block quantization of a MatMul weight w [K, N] (blocks of `block` along K, per output column).
+def quantize_blocks(w: np.ndarray, bits: int, block: int = QUANT_BLOCK, *, symmetric: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Block quantization of a MatMul weight w [K, N] (blocks of `block` along K, per output column).
 
-    Returns (packed [N, K/block, block * bits / 8] uint8, scales [N * K/block], offsets [K/block, N]) with
-    w[k, n] ~= (q[k, n] - 2^(bits-1)) * scale[n, k // block] + offset[k // block, n], q in [0, 2^bits).
-    A block's min and max are represented exactly, so GGUF Q4_1 / Q8_1 weights (min + d * q) come back
-    bit-exact (SmolLM2's built-in GGUF is Q4_1).
+    Returns (packed [N, K/block, block * bits / 8] uint8, scales [N * K/block], offsets [K/block, N] or None)
+    with w[k, n] ~= (q[k, n] - 2^(bits-1)) * scale[n, k // block] (+ offset[k // block, n]), q in [0, 2^bits).
+    Asymmetric: a block's min and max are represented exactly, so GGUF Q4_1 / Q8_1 weights (min + d * q) come
+    back bit-exact (SmolLM2's built-in GGUF is Q4_1). Symmetric (no offset): scale = max |w| / (2^(bits-1) - 1),
+    as llama.cpp's Q8_0.
     """
     k, n = w.shape
     kb = -(-k // block)
     wt = np.zeros((n, kb * block), dtype=np.float32)
     wt[:, :k] = w.T
     wt = wt.reshape(n, kb, block)
-    lo, hi = wt.min(-1), wt.max(-1)  # [N, kb]
-    levels = 2 ** bits - 1
-    scale = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
-    q = np.clip(np.rint((wt - lo[..., None]) / scale[..., None]), 0, levels).astype(np.uint8)
+    zero = 2 ** (bits - 1)  # MatMulNBits' default zero point
+    if symmetric:
+        amax = np.abs(wt).max(-1)  # [N, kb]
+        scale = np.where(amax > 0, amax / (zero - 1), 1.0).astype(np.float32)
+        q = (np.clip(np.rint(wt / scale[..., None]), 1 - zero, zero - 1) + zero).astype(np.uint8)
+        offset = None
+    else:
+        lo, hi = wt.min(-1), wt.max(-1)  # [N, kb]
+        levels = 2 ** bits - 1
+        scale = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
+        q = np.clip(np.rint((wt - lo[..., None]) / scale[..., None]), 0, levels).astype(np.uint8)
+        offset = np.ascontiguousarray((lo + zero * scale).astype(np.float32).T)
     if bits == 4:
         q = q[..., 0::2] | (q[..., 1::2] << 4)  # two values per byte, the first in the low nibble
-    offset = (lo + 2 ** (bits - 1) * scale).astype(np.float32)  # MatMulNBits' default zero point is 2^(bits-1)
-    return np.ascontiguousarray(q), scale.reshape(-1), np.ascontiguousarray(offset.T)
+    return np.ascontiguousarray(q), scale.reshape(-1), offset
 
 
 def _constant_weight(node, inits) -> np.ndarray | None:
@@ -297,8 +310,9 @@ def _constant_weight(node, inits) -> np.ndarray | None:
     return numpy_helper.to_array(weight)
 
 
-def _quantize_matmuls(proto: onnx.ModelProto, bits: int, head_bits: int, vocab_size: int) -> None:
-    """Every MatMul with a constant 2-D weight -> MatMulNBits(a) + (a @ block indicator) @ offsets.
+def _quantize_matmuls(proto: onnx.ModelProto, bits: int, head_bits: int, vocab_size: int,
+                      symmetric: bool = False) -> None:
+    """Every MatMul with a constant 2-D weight -> MatMulNBits(a) (+ (a @ block indicator) @ offsets if asymmetric).
 
     The offset term carries each block's minimum, so the fast symmetric kernel (no zero-point input) serves an
     asymmetric code. `a @ indicator` (per-block sums of the activations) is shared by MatMuls of one input,
@@ -327,26 +341,30 @@ def _quantize_matmuls(proto: onnx.ModelProto, bits: int, head_bits: int, vocab_s
         done.update(m.output[0] for m in group)
         w = np.concatenate([weights[m.output[0]] for m in group], axis=1)  # [K, sum N]
         k, n = w.shape
-        packed, scales, offsets = quantize_blocks(w, nbits)
+        packed, scales, offsets = quantize_blocks(w, nbits, symmetric=symmetric)
         base = f"{inits[node.input[1]].name}.q{nbits}" + (f".x{len(group)}" if len(group) > 1 else "")
-        if (a, k) not in block_sums:
-            kb = offsets.shape[0]
-            indicator = np.zeros((k, kb), dtype=np.float32)
-            indicator[np.arange(k), np.arange(k) // QUANT_BLOCK] = 1.0
-            name = f"{a}.block_sums{len(block_sums)}"
-            extra.append(numpy_helper.from_array(indicator, name + ".indicator"))
-            nodes.append(onnx.helper.make_node("MatMul", [a, name + ".indicator"], [name], name=name))
-            block_sums[(a, k)] = name
-        extra += [numpy_helper.from_array(packed, base), numpy_helper.from_array(scales, base + ".scales"),
-                  numpy_helper.from_array(offsets, base + ".offsets")]
         out = node.output[0] if len(group) == 1 else base + ".out"
-        nodes += [
-            onnx.helper.make_node("MatMulNBits", [a, base, base + ".scales"], [out + ".main"], name=base + ".q",
-                                  domain="com.microsoft", K=k, N=n, bits=nbits, block_size=QUANT_BLOCK,
-                                  accuracy_level=ACCURACY_LEVEL),
-            onnx.helper.make_node("MatMul", [block_sums[(a, k)], base + ".offsets"], [out + ".offset"],
-                                  name=base + ".offset"),
-            onnx.helper.make_node("Add", [out + ".main", out + ".offset"], [out], name=base + ".add")]
+        matmul = onnx.helper.make_node("MatMulNBits", [a, base, base + ".scales"],
+                                       [out if symmetric else out + ".main"], name=base + ".q", domain="com.microsoft",
+                                       K=k, N=n, bits=nbits, block_size=QUANT_BLOCK, accuracy_level=ACCURACY_LEVEL)
+        extra += [numpy_helper.from_array(packed, base), numpy_helper.from_array(scales, base + ".scales")]
+        if symmetric:
+            nodes.append(matmul)
+        else:
+            if (a, k) not in block_sums:
+                kb = offsets.shape[0]
+                indicator = np.zeros((k, kb), dtype=np.float32)
+                indicator[np.arange(k), np.arange(k) // QUANT_BLOCK] = 1.0
+                name = f"{a}.block_sums{len(block_sums)}"
+                extra.append(numpy_helper.from_array(indicator, name + ".indicator"))
+                nodes.append(onnx.helper.make_node("MatMul", [a, name + ".indicator"], [name], name=name))
+                block_sums[(a, k)] = name
+            extra.append(numpy_helper.from_array(offsets, base + ".offsets"))
+            nodes += [
+                matmul,
+                onnx.helper.make_node("MatMul", [block_sums[(a, k)], base + ".offsets"], [out + ".offset"],
+                                      name=base + ".offset"),
+                onnx.helper.make_node("Add", [out + ".main", out + ".offset"], [out], name=base + ".add")]
         if len(group) > 1:
             sizes = np.array([weights[m.output[0]].shape[1] for m in group], dtype=np.int64)
             extra.append(numpy_helper.from_array(sizes, base + ".split"))
@@ -433,8 +451,8 @@ def quantize(proto: onnx.ModelProto, precision: str, vocab_size: int) -> onnx.Mo
     if precision not in QUANT_BITS:
         raise ConfigError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
     _fold_weight_transposes(proto)
-    bits, head_bits = QUANT_BITS[precision]
-    _quantize_matmuls(proto, bits, head_bits, vocab_size)
+    bits, head_bits, symmetric = QUANT_BITS[precision]
+    _quantize_matmuls(proto, bits, head_bits, vocab_size, symmetric)
     return proto
 
 

@@ -30,9 +30,9 @@ from tests.tiny import llama_config, save_reference
 GREEDY = SamplingParams()
 LOGITS_TOL = 1e-4  # fp32 ORT vs eager, max abs
 # Quantized vs fp32 eager on the tiny random llama, 24 positions x 3 prompts (measured): max |diff| / max |logit|
-# fp16 0.025%, int8 0.7-0.95%, int4 6.9-8.4%; top-1 agreement 1.0 for all. Bounds leave ~3-4x headroom.
-# (SmolLM2: see docs/architecture.md; its Q4_1 weights come back exactly, only the int8 activations inside
-# MatMulNBits differ.)
+# fp16 0.025%, int8 0.85% (symmetric codes), int4 6.9-8.4%; top-1 agreement 1.0 for all. Bounds leave ~3-4x
+# headroom. (SmolLM2: see docs/architecture.md; in int4 its Q4_1 weights come back exactly, only the int8
+# activations inside MatMulNBits differ.)
 # precision -> (relative max diff, min top-1 agreement)
 QUANT_BOUNDS = {"fp16": (1e-3, 1.0), "int8": (0.03, 0.9), "int4": (0.25, 0.85)}
 
@@ -178,6 +178,38 @@ def test_accepted_drafts_commit_several_rows(llama, monkeypatch):
 
 
 # ---- quantized bundles -----------------------------------------------------------------------------------
+def dequantize(packed, scales, offsets, bits, k):
+    """The inverse of `quantize_blocks`, written out: w[k, n] = (q - 2^(bits-1)) * scale (+ offset)."""
+    q = packed.astype(np.int32)
+    if bits == 4:
+        q = np.stack([q & 15, q >> 4], -1).reshape(q.shape[0], q.shape[1], -1)  # low nibble first
+    n, kb, block = q.shape
+    w = (q - 2 ** (bits - 1)) * scales.reshape(n, kb, 1)
+    if offsets is not None:
+        w = w + offsets.T[..., None]
+    return w.reshape(n, kb * block)[:, :k].T
+
+
+def test_quantize_blocks_asymmetric_is_exact_on_q4_1_weights_and_symmetric_within_half_a_step():
+    rng = np.random.default_rng(0)
+    k, n, block = 64, 6, onnx_exporter.QUANT_BLOCK
+    # GGUF Q4_1-like weights: per block of 32 along K, min + d * j with j in 0..15 (both ends present)
+    lo, d = rng.normal(size=(k // block, n)), rng.uniform(0.01, 0.1, (k // block, n))
+    j = rng.integers(0, 16, (k, n))
+    j[0::block], j[1::block] = 0, 15
+    w = (np.repeat(lo, block, 0) + np.repeat(d, block, 0) * j).astype(np.float32)
+    for bits in (4, 8):
+        packed, scales, offsets = onnx_exporter.quantize_blocks(w, bits)
+        np.testing.assert_allclose(dequantize(packed, scales, offsets, bits, k), w, rtol=0, atol=1e-6)
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    packed, scales, offsets = onnx_exporter.quantize_blocks(w, 8, symmetric=True)
+    assert offsets is None
+    step = np.repeat(scales.reshape(n, -1).T, block, 0)  # [K, N]
+    err = np.abs(dequantize(packed, scales, None, 8, k) - w)
+    amax = np.abs(w).reshape(-1, block, n).max(1).repeat(block, 0)  # [K, N]: each block's max |w|
+    assert (err <= step / 2 + 1e-6).all() and np.allclose(step * 127, amax)
+
+
 def check_fp16_graphs(folder, manifest):
     """fp16 weights inside, float32 at every graph boundary, the shared tables left as the raw fp32 files."""
     for entry in manifest.graphs.values():
