@@ -489,6 +489,7 @@ def _genai_default(engine) -> str:
 
 def main(args) -> int:
     from .api import load
+    from .gguf_import import cache_root, find_smollm2_gguf
     from .train.evaluate import read_prompts
 
     if not args.spec_k or any(k < 1 for k in args.spec_k):
@@ -503,11 +504,7 @@ def main(args) -> int:
                   spin=not args.no_spin)
     gguf = None
     if "llama.cpp" in (args.peer or []):  # fail before the long measurement, not after it
-        from .gguf_import import find_smollm2_gguf
-
         _require_llama_cpp()
-        from .gguf_import import cache_root
-
         gguf = [Path(p) for p in args.peer_gguf or []]
         for p in gguf:
             if not p.is_file():
@@ -517,8 +514,6 @@ def main(args) -> int:
             gguf += [peer_gguf(source, kind, cache_root() / "peers") for kind in args.peer_quant or ["q4_1"]]
     runners = [LlamaCppPeer(path, threads=args.threads) for path in gguf or []]
     if "onnxruntime-genai" in (args.peer or []):
-        from .gguf_import import cache_root
-
         source = _target_folder(engine)
         precisions = args.genai_precision or [_genai_default(engine)]
         runners += [OrtGenaiPeer(genai_model(source, p, cache_root() / "peers"), threads=args.threads, precision=p)

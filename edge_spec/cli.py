@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .bench import GENAI_PRECISIONS
 from .errors import EdgeSpecError
 from .manifest import PRECISIONS
 
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also time a peer's plain decode of the same model (llama.cpp: llama-cpp-python; "
                             "onnxruntime-genai: its model builder's graph of the target's checkpoint folder); "
                             "repeatable")
-    bench.add_argument("--genai-precision", nargs="+", default=None, choices=["fp32", "int8", "int4"],
+    bench.add_argument("--genai-precision", nargs="+", default=None, choices=list(GENAI_PRECISIONS),
                        help="--peer onnxruntime-genai model precisions (default: the bundle's, fp32 for fp16)")
     bench.add_argument("--peer-gguf", nargs="+", default=None, help="GGUF files for --peer llama.cpp")
     bench.add_argument("--peer-quant", nargs="+", default=None, choices=["f32", "q8_0", "q4_0", "q4_1"],
