@@ -244,12 +244,13 @@ class OrtBackend:
                 continue
             k_view, v_view = self.cache_views(i)
             shape = (spec.num_kv_heads, t, spec.head_dim)
-            new_k, new_v = (a[:int(np.prod(shape))].reshape(shape) for a in self.buffers.new[i])
-            if len(rows) == 1:
-                r, s = int(rows[0]), int(slots[0])
-                k_view[0, :, s] = new_k[:, r]
-                v_view[0, :, s] = new_v[:, r]
-            else:
+            size = spec.num_kv_heads * t * spec.head_dim
+            new_k, new_v = (a[:size].reshape(shape) for a in self.buffers.new[i])
+            r0, s0, n = int(rows[0]), int(slots[0]), len(rows)
+            if rows[-1] - r0 == n - 1 and slots[-1] - s0 == n - 1:  # runs of rows -> runs of slots: slices
+                k_view[0, :, s0:s0 + n] = new_k[:, r0:r0 + n]
+                v_view[0, :, s0:s0 + n] = new_v[:, r0:r0 + n]
+            else:  # a sliding ring wrapping around
                 k_view[0][:, slots] = new_k[:, rows]
                 v_view[0][:, slots] = new_v[:, rows]
         self._pending = 0
