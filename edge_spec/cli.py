@@ -42,8 +42,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                         "when it has a drafter (--no-spec for plain)")
     p.add_argument("--runtime", default=None, choices=["torch", "ort"],
                    help="execution runtime (default: ort for --bundle, torch for --model)")
-    p.add_argument("--provider", default="cpu", choices=["cpu", "xnnpack", "coreml", "qnn"],
-                   help="onnxruntime execution provider for --runtime ort (default cpu)")
+    p.add_argument("--provider", "--ep", dest="provider", default="cpu", choices=["cpu", "xnnpack", "coreml", "qnn"],
+                   help="onnxruntime execution provider for --runtime ort (default cpu; --ep is the same option)")
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache size in tokens (default min(2048, model max); a bundle's own by default)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")

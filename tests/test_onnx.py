@@ -438,6 +438,7 @@ def test_cli_export_and_generate_bundle(tiny_llama, tmp_path, capsys):
     (["generate", "--bundle", "{bundle}", "--model", "x", "--prompt", "hi"], "cannot be combined"),
     (["generate", "--model", "{model}", "--runtime", "ort", "--prompt", "hi"], "runs exported bundles"),
     (["generate", "--bundle", "{bundle}", "--provider", "coreml", "--prompt", "hi"], "not available"),
+    (["generate", "--bundle", "{bundle}", "--ep", "qnn", "--prompt", "hi"], "not available"),
     (["export", "--model", "{model}", "--out", "{nonbundle}"], "refusing to overwrite"),
 ])
 def test_cli_errors_exit_2(llama, tiny_llama, tmp_path, capsys, args, message):
