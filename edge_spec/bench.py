@@ -198,7 +198,25 @@ def _require_llama_cpp() -> None:
 SETTLE_S = 0.2  # pause when switching between our engine and a peer: both spin-wait idle threads for a while
 
 
-class LlamaCppPeer:
+class _PeerTimes:
+    """Decode-time bookkeeping shared by the peers: first-token latency and decode tok/s after the first token."""
+
+    def __init__(self, threads: int | None):
+        self.threads = threads or os.cpu_count()
+        self.tokens, self.decode_s, self.first = 0, 0.0, []
+
+    def record(self, n: int, start: float, t_first: float, end: float) -> None:
+        self.first.append(t_first - start)
+        self.tokens += n - 1
+        self.decode_s += end - t_first
+
+    def timing(self) -> dict:
+        return {"tok_s": self.tokens / self.decode_s if self.decode_s else 0.0,
+                "first_token_ms": 1000 * float(np.mean(self.first)) if self.first else None,
+                "threads": self.threads, "tokens": self.tokens, "interleaved": True}
+
+
+class LlamaCppPeer(_PeerTimes):
     """Plain greedy decode of a GGUF through llama-cpp-python, on the same prompt token ids and token budget.
 
     `measure` runs it right after our plain run of each prompt, so both see the same machine state (this
@@ -213,8 +231,8 @@ class LlamaCppPeer:
 
         if not Path(gguf).is_file():
             raise ConfigError(f"GGUF file {gguf} does not exist", "pass --peer-gguf PATH")
+        super().__init__(threads)
         self.gguf, self.label, self.extra_bufts = Path(gguf), label, extra_bufts
-        self.threads = threads or os.cpu_count()
         defaults = lowlevel.llama_model_default_params
 
         def params():
@@ -228,7 +246,6 @@ class LlamaCppPeer:
                              verbose=False)
         finally:
             lowlevel.llama_model_default_params = defaults
-        self.tokens, self.decode_s, self.first = 0, 0.0, []
 
     def warm_up(self, ids: list[int]) -> None:
         self.llm.generate(ids[:8], temp=0.0).__next__()
@@ -244,17 +261,12 @@ class LlamaCppPeer:
                 t_first = time.perf_counter()
             if tok == stop or n >= max_new_tokens:
                 break
-        end = time.perf_counter()
-        self.first.append(t_first - start)
-        self.tokens += n - 1
-        self.decode_s += end - t_first
+        self.record(n, start, t_first, time.perf_counter())
 
     def result(self) -> dict:
         return {"peer": "llama.cpp", "model": self.gguf.name, "precision": self.label or _gguf_type(self.gguf),
-                "tok_s": self.tokens / self.decode_s if self.decode_s else 0.0,
-                "first_token_ms": 1000 * float(np.mean(self.first)) if self.first else None,
-                "threads": self.threads, "tokens": self.tokens, "extra_bufts": self.extra_bufts,
-                "interleaved": True, "llama_cpp_python": __import__("llama_cpp").__version__}
+                **self.timing(), "extra_bufts": self.extra_bufts,
+                "llama_cpp_python": __import__("llama_cpp").__version__}
 
 
 PEER_FTYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
@@ -329,20 +341,20 @@ def genai_model(source: Path, precision: str, cache: Path) -> Path:
     return out
 
 
-class OrtGenaiPeer:
+class OrtGenaiPeer(_PeerTimes):
     """Plain greedy decode through onnxruntime-genai with the model its own builder made of the same checkpoint
     (fused GroupQueryAttention / RotaryEmbedding / SkipSimplifiedLayerNorm graph; its int4 is symmetric with a
     4-bit head, so its tokens can differ from ours). Same prompt ids, budget and interleaving as LlamaCppPeer."""
 
     def __init__(self, model_dir: Path, *, threads: int | None, precision: str):
         og = _require_genai()
+        super().__init__(threads)
         self.model_dir, self.precision = Path(model_dir), precision
-        self.threads = threads or os.cpu_count()
         config = og.Config(str(model_dir))
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {
             "intra_op_num_threads": self.threads, "inter_op_num_threads": 1}}}}))
         self.og, self.model = og, og.Model(config)
-        self.tokens, self.decode_s, self.first, self.outputs = 0, 0.0, [], []
+        self.outputs = []
 
     def _generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], float, float, float]:
         params = self.og.GeneratorParams(self.model)
@@ -364,16 +376,11 @@ class OrtGenaiPeer:
     def run(self, ids: list[int], max_new_tokens: int) -> None:
         out, start, t_first, end = self._generate(ids, max_new_tokens)
         self.outputs.append(out)
-        self.first.append(t_first - start)
-        self.tokens += len(out) - 1
-        self.decode_s += end - t_first
+        self.record(len(out), start, t_first, end)
 
     def result(self) -> dict:
         return {"peer": "onnxruntime-genai", "model": self.model_dir.name, "precision": self.precision,
-                "tok_s": self.tokens / self.decode_s if self.decode_s else 0.0,
-                "first_token_ms": 1000 * float(np.mean(self.first)) if self.first else None,
-                "threads": self.threads, "tokens": self.tokens, "interleaved": True,
-                "onnxruntime_genai": self.og.__version__}
+                **self.timing(), "onnxruntime_genai": self.og.__version__}
 
 
 def _gguf_type(path: Path) -> str:

@@ -397,9 +397,10 @@ def to_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
     _fold_weight_transposes(proto)
     tables = set(TABLE_FILES)
     keep_fp32 = [n.name for n in proto.graph.node if tables & set(n.input)]
-    table_inits = {t.name: onnx.TensorProto() for t in proto.graph.initializer if t.name in tables}
+    table_inits = {}  # name -> a copy of the fp32 initializer, restored after conversion
     for t in proto.graph.initializer:
-        if t.name in table_inits:
+        if t.name in tables:
+            table_inits[t.name] = onnx.TensorProto()
             table_inits[t.name].CopyFrom(t)
     with _quiet("onnxruntime"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
