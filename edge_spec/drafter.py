@@ -158,7 +158,7 @@ class Drafter(nn.Module):
         shared = {kind: ((k,), (v,)) if torch.is_tensor(k) else (k, v) for kind, (k, v) in kv.items()}
         for layer, block in enumerate(self.model.layers):
             kind = cfg.layer_kinds[layer]
-            x, _ = block(x, *rope[kind], masks[kind], None, None, shared, None)
+            x, _ = block(x, rope[kind], masks[kind], None, None, shared, None)
         h = self.model.norm(x)
         projected = self.post_projection(h)
         return h, projected + hidden if self.cfg.residual else projected

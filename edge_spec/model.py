@@ -42,11 +42,31 @@ class RMSNorm(nn.Module):
         return y.type_as(x)
 
 
-def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+class Rope(NamedTuple):
+    """Rotary embedding of one forward, one attention kind: cos, sin [1, T, 1, D] (see `rope_cos_sin`)."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+class TableRope(NamedTuple):
+    """The same rotation read from per-position tables: what exported graphs hand onnxruntime's fused
+    RotaryEmbedding kernel (`rotate`). cos, sin: [max_context, D/2]; position_ids: [1, T]."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    position_ids: torch.Tensor
+
+
+def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> Rope:
     """position_ids: [1, T]; inv_freq: [D/2] -> cos, sin: [1, T, 1, D] (broadcast over heads)."""
     freqs = position_ids[..., None].float() * inv_freq  # [1, T, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
-    return emb.cos(), emb.sin()
+    return Rope(emb.cos(), emb.sin())
+
+
+def rope_tables(inv_freq: torch.Tensor, max_context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """inv_freq: [D/2] -> cos, sin tables [max_context, D/2] (row p = position p), computed like `rope_cos_sin`."""
+    freqs = torch.arange(max_context, dtype=torch.int64)[:, None].float() * inv_freq
+    return freqs.cos(), freqs.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -54,6 +74,37 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x * cos + rotated * sin).type_as(x)  # cos/sin stay fp32; a bf16 teacher keeps bf16 activations
+
+
+def rotate(x: torch.Tensor, rope: Rope | TableRope, head_dim: int) -> torch.Tensor:
+    """x: [1, T, N * D] (N heads of `head_dim`) -> x rotated by `rope`, same shape. A TableRope under ONNX export
+    is one com.microsoft RotaryEmbedding node (it replaces six element-wise nodes per tensor); in eager it reads
+    the tables and applies the same maths as `apply_rope`."""
+    b, t, nd = x.shape
+    if isinstance(rope, Rope):
+        return apply_rope(x.view(b, t, -1, head_dim), rope.cos, rope.sin).view(b, t, nd)
+    if torch.onnx.is_in_onnx_export():
+        return torch.onnx.ops.symbolic("com.microsoft::RotaryEmbedding", (x, rope.position_ids, rope.cos, rope.sin),
+                                       {"interleaved": 0, "num_heads": nd // head_dim}, dtype=x.dtype, shape=x.shape,
+                                       version=1)
+    cos, sin = rope.cos[rope.position_ids], rope.sin[rope.position_ids]  # [1, T, D/2]
+    cos, sin = torch.cat([cos, cos], -1)[:, :, None], torch.cat([sin, sin], -1)[:, :, None]
+    return apply_rope(x.view(b, t, -1, head_dim), cos, sin).view(b, t, nd)
+
+
+def skip_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: "RMSNorm") -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + delta), x + delta): a residual add and the norm after it. Under ONNX export one com.microsoft
+    SkipSimplifiedLayerNormalization node (output 0 = normed, output 3 = the sum); delta None: norm(x), x."""
+    if delta is None:
+        return norm(x), x
+    if torch.onnx.is_in_onnx_export() and norm.weight is not None:
+        stat = (*x.shape[:-1], 1)
+        outs = torch.onnx.ops.symbolic_multi_out(
+            "com.microsoft::SkipSimplifiedLayerNormalization", (x, delta, norm.weight), {"epsilon": norm.eps},
+            dtypes=(x.dtype,) * 4, shapes=(x.shape, stat, stat, x.shape), version=1)
+        return outs[0], outs[3]
+    s = x + delta
+    return norm(s), s
 
 
 def attend(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, scale: float) -> torch.Tensor:
@@ -94,26 +145,34 @@ def write_rows(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> 
     return cache.scatter(2, index, rows)
 
 
-def attend_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def group_mask(mask: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, 1, T, S] additive mask -> (additive, keep) [1, 1, G*T, S] for query rows laid out group-major
+    (row g*T + t is query head g of a KV head at step t), as `attend_slots` scores them. Built once per forward
+    and group count, so no layer reshapes its scores to broadcast the mask."""
+    tiled = mask.repeat(1, 1, groups, 1)
+    return tiled, tiled == 0
+
+
+def attend_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
+                 scale: float) -> torch.Tensor:
     """Batch-invariant attention: row t of the output is bit-identical whatever T is (decode T=1 == verify T=k+1).
 
-    q: [1, H, T, D]; k, v: [1, H_kv, S, D] with the new rows already in their slots; mask: [1, 1, T, S] -> [1, T, H * D].
+    q: [1, H, T, D]; k, v: [1, H_kv, S, D] with the new rows already in their slots; mask, keep: [1, 1, G*T, S]
+    (`group_mask` of the [1, 1, T, S] mask, G = H / H_kv) -> [1, T, H * D].
     Why (measured, docs/architecture.md "Exactness of quantized bundles"): every key sits in the
     same column in both cases (no cache-part / new-part split, whose sums run in another order), the matmuls
     always have >= 2 rows (a 1-row matmul takes another CPU kernel with another summation order), masked
     probabilities are exact zeros, and extra masked columns at the end only add zeros.
     """
     b, h, t, d = q.shape
-    h_kv, s = k.shape[1], k.shape[2]
+    h_kv = k.shape[1]
     g = h // h_kv
     pad = g == 1  # one query head per KV head: add a zero row so that T = 1 still runs a >= 2-row matmul
     qg = q.reshape(b, h_kv, g * t, d)  # [1, H_kv, G*T, D]
     if pad:
         qg = torch.cat([qg, torch.zeros_like(qg[:, :, :1])], dim=2)
     scores = torch.matmul(qg, k.transpose(-1, -2))[:, :, :g * t] * scale  # [1, H_kv, G*T, S]
-    keep = mask.unsqueeze(1) == 0  # [1, 1, 1, T, S]
-    probs = torch.softmax(scores.float().reshape(b, h_kv, g, t, s) + mask.unsqueeze(1), dim=-1)
-    probs = torch.where(keep, probs, torch.zeros_like(probs)).type_as(q).reshape(b, h_kv, g * t, s)
+    probs = torch.where(keep, torch.softmax(scores.float() + mask, dim=-1), 0.0).type_as(q)  # [1, H_kv, G*T, S]
     if pad:
         probs = torch.cat([probs, torch.zeros_like(probs[:, :, :1])], dim=2)
     out = torch.matmul(probs, v)[:, :, :g * t]  # [1, H_kv, G*T, D]
@@ -142,28 +201,31 @@ class Attention(nn.Module):
                 self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
                 self.v_norm = RMSNorm(d, cfg.rms_norm_eps, with_scale=False)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, shared: dict, slots: torch.Tensor | None = None):
-        """x: [1, T, H]; k_cache/v_cache: [1, H_kv, S, D] or None for a KV-reusing layer.
+    def forward(self, x, rope, mask, k_cache, v_cache, shared: dict, slots: torch.Tensor | None = None):
+        """x: [1, T, H]; rope: Rope | TableRope (`rotate`); k_cache/v_cache: [1, H_kv, S, D] or None for a
+        KV-reusing layer.
 
         slots: [T] slots of the new rows when attention runs batch-invariant (`attend_slots`; `mask` is then
-        [1, 1, T, S], see `slot_mask`), else None (split cache / new-row attention, mask [1, 1, T, S + T]).
+        the (additive, keep) pair of `group_mask`), else None (split cache / new-row attention, mask
+        [1, 1, T, S + T]).
         Returns (out [1, T, H], new rows (k, v) [1, H_kv, T, D] or None).
         """
         b, t = x.shape[:2]
-        q = self.q_proj(x).view(b, t, -1, self.head_dim)
+        d = self.head_dim
+        q = self.q_proj(x)  # [1, T, H * D]
         if self.gemma:
-            q = self.q_norm(q)
-        q = apply_rope(q, cos, sin).transpose(1, 2)  # [1, H, T, D]
+            q = self.q_norm(q.view(b, t, -1, d)).view(b, t, -1)
+        q = rotate(q, rope, d).view(b, t, -1, d).transpose(1, 2)  # [1, H, T, D]
         new = None
         if self.reuses_kv:
             ks, vs = shared[self.kind]  # ((k parts), (v parts)) of the layer this one shares with
         else:
-            k = self.k_proj(x).view(b, t, -1, self.head_dim)
-            v = self.v_proj(x).view(b, t, -1, self.head_dim) if self.v_proj is not None else k
+            k = self.k_proj(x)  # [1, T, H_kv * D]
+            v = self.v_proj(x) if self.v_proj is not None else k
             if self.gemma:
-                k, v = self.k_norm(k), self.v_norm(v)
-            k = apply_rope(k, cos, sin).transpose(1, 2)  # [1, H_kv, T, D]
-            v = v.transpose(1, 2)
+                k, v = self.k_norm(k.view(b, t, -1, d)).view(b, t, -1), self.v_norm(v.view(b, t, -1, d)).view(b, t, -1)
+            k = rotate(k, rope, d).view(b, t, -1, d).transpose(1, 2)  # [1, H_kv, T, D]
+            v = v.view(b, t, -1, d).transpose(1, 2)
             new = (k, v)
             if slots is not None:  # keys = the cache with the new rows written to their slots
                 ks, vs = (write_rows(k_cache, k, slots),), (write_rows(v_cache, v, slots),)
@@ -172,7 +234,7 @@ class Attention(nn.Module):
             if self.stores_kv:
                 shared[self.kind] = (ks, vs)
         if slots is not None:
-            return self.o_proj(attend_slots(q, ks[0], vs[0], mask, self.scale)), new
+            return self.o_proj(attend_slots(q, ks[0], vs[0], *mask, self.scale)), new
         return self.o_proj(attend(q, ks, vs, mask, self.scale)), new
 
 
@@ -252,8 +314,17 @@ class Block(nn.Module):
             self.per_layer_projection = nn.Linear(cfg.per_layer_input_size, cfg.hidden_size, bias=False)
             self.post_per_layer_input_norm = RMSNorm(cfg.hidden_size, eps)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, shared, per_layer_input, slots=None):
-        attn, new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, shared, slots)
+    def forward_pending(self, x, delta, rope, mask, k_cache, v_cache, shared, slots=None):
+        """The llama block with each residual add folded into the norm after it (`skip_rms_norm`, exported as one
+        fused node): x is the residual stream *before* the previous block's MLP output `delta` (None for the first
+        block) is added. Returns (x, this block's MLP output, new rows): the stream after the block is x + delta."""
+        h, x = skip_rms_norm(x, delta, self.input_layernorm)
+        attn, new = self.self_attn(h, rope, mask, k_cache, v_cache, shared, slots)
+        h, x = skip_rms_norm(x, attn, self.post_attention_layernorm)
+        return x, self.mlp(h), new
+
+    def forward(self, x, rope, mask, k_cache, v_cache, shared, per_layer_input, slots=None):
+        attn, new = self.self_attn(self.input_layernorm(x), rope, mask, k_cache, v_cache, shared, slots)
         if not self.gemma:
             x = x + attn
             return x + self.mlp(self.post_attention_layernorm(x)), new
@@ -300,6 +371,18 @@ class Transformer(nn.Module):
         # Batch-invariant attention for full-attention layers (attend_slots): exported graphs turn it on so that
         # a verify pass reproduces decode steps bit for bit; eager training / the torch runtime keep the split form.
         self.slot_attention = False
+        # onnxruntime's fused kernels (`use_fused_ops`): kind -> rope tables (cos, sin) [max_context, D/2], or None
+        self.rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def use_fused_ops(self, max_context: int | None) -> None:
+        """Forward through the forms that export to onnxruntime's fused kernels (dynamo exporter only):
+        RotaryEmbedding over rope tables of `max_context` rows (`rotate`, `TableRope`) and, for the llama family,
+        SkipSimplifiedLayerNormalization for every residual add + the norm after it (`Block.forward_pending`).
+        Same maths in eager (tested); SmolLM2's graph loses ~14 nodes per layer. None turns it off."""
+        if max_context is None:
+            self.rope_tables = None
+            return
+        self.rope_tables = {kind: rope_tables(getattr(self, f"inv_freq_{kind}"), max_context) for kind in self.cfg.rope}
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: [1, T] -> the scaled input embeddings [1, T, H] (what the drafter also reads)."""
@@ -320,26 +403,41 @@ class Transformer(nn.Module):
         k_caches[i], v_caches[i]: [1, H_kv, S, D] for cached layer i (cfg.cached_layers() order)."""
         x = self.embed(input_ids)  # [1, T, H]
         ple = self.per_layer_inputs(input_ids, x) if self.cfg.per_layer_input_size else None
-        rope = {kind: rope_cos_sin(position_ids, getattr(self, f"inv_freq_{kind}")) for kind in self.cfg.rope}
+        if self.rope_tables is not None:
+            rope = {kind: TableRope(*self.rope_tables[kind], position_ids) for kind in self.cfg.rope}
+        else:
+            rope = {kind: rope_cos_sin(position_ids, getattr(self, f"inv_freq_{kind}")) for kind in self.cfg.rope}
         slots = {kind: None for kind in masks}
+        grouped = {}  # group count -> group_mask of the full-attention mask (slot attention)
         if self.slot_attention and FULL in masks:
             slots[FULL] = position_ids[0]  # [T]: a full-attention layer keeps position p in slot p
             masks = {**masks, FULL: slot_mask(masks[FULL], slots[FULL])}  # [1, 1, T, S]
         cache_index = {layer: i for i, layer in enumerate(self.cached_layers)}
         shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         new_k, new_v = [], []
+        pending = self.rope_tables is not None and self.cfg.family != GEMMA4
+        delta = None  # pending: the last block's MLP output, added to x by the next norm
         for layer, block in enumerate(self.model.layers):
             kind = self.cfg.layer_kinds[layer]
             i = cache_index.get(layer)
-            x, new = block(x, *rope[kind], masks[kind], k_caches[i] if i is not None else None,
-                           v_caches[i] if i is not None else None, shared,
-                           ple[:, :, layer] if ple is not None else None, slots[kind])
+            mask = masks[kind]
+            if slots[kind] is not None:
+                groups = self.cfg.num_heads // self.cfg.kv_heads[layer]
+                if groups not in grouped:
+                    grouped[groups] = group_mask(mask, groups)
+                mask = grouped[groups]
+            caches = (k_caches[i], v_caches[i]) if i is not None else (None, None)
+            if pending:
+                x, delta, new = block.forward_pending(x, delta, rope[kind], mask, *caches, shared, slots[kind])
+            else:
+                x, new = block(x, rope[kind], mask, *caches, shared, ple[:, :, layer] if ple is not None else None,
+                               slots[kind])
             if new is not None:
                 new_k.append(new[0])
                 new_v.append(new[1])
         if last_only:
-            x = x[:, -1:]
-        hidden = self.model.norm(x)
+            x, delta = x[:, -1:], delta[:, -1:] if delta is not None else None
+        hidden, _ = skip_rms_norm(x, delta, self.model.norm)
         if not with_logits:  # teacher passes that only need hidden states / K/V
             return ModelOutput(hidden[..., :0], hidden, new_k, new_v)
         logits = self.lm_head(hidden)

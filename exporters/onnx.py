@@ -177,6 +177,22 @@ def _canonical_io(proto: onnx.ModelProto, io: kv.GraphIO) -> None:
                     dim.dim_param = want
 
 
+def _blank_unused_outputs(proto: onnx.ModelProto) -> None:
+    """Unread optional outputs of contrib nodes -> "" (SkipSimplifiedLayerNormalization's float32 statistics:
+    unnamed, the kernel skips them and the fp16 converter cannot mistype them)."""
+    read = {name for node in proto.graph.node for name in node.input} | {o.name for o in proto.graph.output}
+    blanked = set()
+    for node in proto.graph.node:
+        if node.domain == "com.microsoft":
+            for i, name in enumerate(node.output):
+                if i > 0 and name and name not in read:
+                    node.output[i] = ""
+                    blanked.add(name)
+    kept = [v for v in proto.graph.value_info if v.name not in blanked]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(kept)
+
+
 def _example_lengths(layout: kv.KVLayout) -> dict[str, int]:
     """Distinct example cache lengths per kind (never 0/1, which torch.export would specialise)."""
     return {kind: 5 + 2 * i for i, kind in enumerate(layout.kinds())}
@@ -197,10 +213,15 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
     dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in kinds),
                tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"))
     model.slot_attention = True  # batch-invariant full attention (edge_spec.model.attend_slots)
+    if exporter == "dynamo":  # onnxruntime's fused rotary / skip-norm kernels (TorchScript cannot emit them)
+        model.use_fused_ops(layout.max_context)
     try:
-        return _torch_export(TargetGraph(model, kinds).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
+        proto = _torch_export(TargetGraph(model, kinds).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
+        _blank_unused_outputs(proto)
+        return proto
     finally:
         model.slot_attention = False
+        model.use_fused_ops(None)
 
 
 def export_drafter(drafter: Drafter, target: Transformer, layout: kv.KVLayout, sources: dict[str, int], *,

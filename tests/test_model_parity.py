@@ -68,3 +68,19 @@ def test_multimodal_gemma4_folder_loads_text_part(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": text_cfg}))
     ids = [5, 9, 14, 7, 30, 2, 8]
     assert np.abs(full_logits(checkpoints.load(str(tmp_path)), ids) - reference_logits(ref, ids)).max() <= TOL
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma4"])
+def test_fused_op_forms_give_the_same_logits_in_eager(family, tiny_llama, tiny_gemma4):
+    """`use_fused_ops` (rope tables + residual adds folded into the norms, what exports to onnxruntime's
+    RotaryEmbedding / SkipSimplifiedLayerNormalization) computes the same sums in the same order: bit-identical."""
+    folder = (tiny_llama if family == "llama" else tiny_gemma4)[0]
+    loaded = checkpoints.load(str(folder))
+    ids = list(np.random.default_rng(2).integers(0, 320, 20))
+    plain = full_logits(loaded, ids)
+    loaded.model.use_fused_ops(64)
+    try:
+        fused = full_logits(loaded, ids)
+    finally:
+        loaded.model.use_fused_ops(None)
+    assert np.array_equal(fused, plain)
