@@ -96,12 +96,29 @@ def _bucket(used: int, slots: int) -> int:
     return min(slots, max(BUCKET, -(-used // BUCKET) * BUCKET))
 
 
-class _LayerCache:
-    """K or V of one cached layer: a flat buffer of the layer's full size, viewed as its current bucket."""
+def _shape_groups(specs: list[CacheSpec]) -> dict[tuple, list[int]]:
+    """Cached layers with one cache shape (kind, KV heads, head dim, slots) -> their indices in `specs`."""
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(specs):
+        groups.setdefault((s.kind, s.num_kv_heads, s.head_dim, s.slots), []).append(i)
+    return groups
 
-    def __init__(self, spec: CacheSpec):
+
+def _stacked(store: np.ndarray, heads: int, rows: int, dim: int) -> np.ndarray:
+    """[2n, >= heads*rows*dim] store -> its row prefixes as [2n, heads, rows, dim], a view (never a copy: setting
+    .shape raises instead of copying)."""
+    view = store[:, :heads * rows * dim].view()
+    view.shape = (store.shape[0], heads, rows, dim)
+    return view
+
+
+class _LayerCache:
+    """K or V of one cached layer: a flat buffer of the layer's full size (a row of its shape group's store),
+    viewed as its current bucket."""
+
+    def __init__(self, spec: CacheSpec, flat: np.ndarray):
         self.heads, self.dim = spec.num_kv_heads, spec.head_dim
-        self.flat = np.zeros(spec.num_kv_heads * spec.slots * spec.head_dim, dtype=np.float32)
+        self.flat = flat
 
     def view(self, b: int) -> np.ndarray:  # [1, H_kv, b, D], contiguous
         return self.flat[:self.heads * b * self.dim].reshape(1, self.heads, b, self.dim)
@@ -126,8 +143,14 @@ class _Buffers:
         self.masks = {kind: np.zeros(t_cap * (layout.slots(kind) + t_cap), dtype=np.float32) for kind in layout.kinds()}
         self.logits = np.zeros(t_cap * vocab, dtype=np.float32)
         self.hidden = np.zeros(t_cap * hidden, dtype=np.float32)
-        self.new = [(np.zeros(s.num_kv_heads * t_cap * s.head_dim, dtype=np.float32),
-                     np.zeros(s.num_kv_heads * t_cap * s.head_dim, dtype=np.float32)) for s in layout.caches]
+        # new K/V rows, stacked like the caches: group -> [2n, H_kv * t_cap * D] (rows 2j, 2j+1: K, V of layer j)
+        specs = list(layout.caches)
+        self.new_store = {key: np.zeros((2 * len(idx), key[1] * t_cap * key[2]), dtype=np.float32)
+                          for key, idx in _shape_groups(specs).items()}
+        self.new: list[tuple[np.ndarray, np.ndarray]] = [None] * len(specs)
+        for key, idx in _shape_groups(specs).items():
+            for j, i in enumerate(idx):
+                self.new[i] = (self.new_store[key][2 * j], self.new_store[key][2 * j + 1])
 
 
 def _bind(binding, name: str, array: np.ndarray, output: bool = False) -> None:
@@ -148,8 +171,17 @@ class OrtBackend:
         self.layout = layout
         self.vocab, self.hidden_size = vocab_size, hidden_size
         self.specs: list[CacheSpec] = list(layout.caches)
-        self.k = [_LayerCache(s) for s in self.specs]
-        self.v = [_LayerCache(s) for s in self.specs]
+        # layers with one cache shape keep K and V as rows of one store [2n, H_kv * slots * D], so a commit
+        # copies the accepted rows of all of them in one assignment
+        self.groups = _shape_groups(self.specs)
+        self.stores = {key: np.zeros((2 * len(idx), key[1] * key[3] * key[2]), dtype=np.float32)
+                       for key, idx in self.groups.items()}
+        self.k: list[_LayerCache] = [None] * len(self.specs)
+        self.v: list[_LayerCache] = [None] * len(self.specs)
+        for key, idx in self.groups.items():
+            for j, i in enumerate(idx):
+                self.k[i] = _LayerCache(self.specs[i], self.stores[key][2 * j])
+                self.v[i] = _LayerCache(self.specs[i], self.stores[key][2 * j + 1])
         self.bucket = {kind: _bucket(0, layout.slots(kind)) for kind in layout.kinds()}
         self.used = {kind: 0 for kind in layout.kinds()}  # rows [0, used) of each bucket hold data
         self.buffers = _Buffers(1, layout, vocab_size, hidden_size)
@@ -238,21 +270,18 @@ class OrtBackend:
             if len(slots):
                 self._fit(kind, self.used[kind], max(self.used[kind], int(slots.max()) + 1))
                 self.used[kind] = max(self.used[kind], int(slots.max()) + 1)
-        for i, spec in enumerate(self.specs):
-            rows, slots = plan[spec.kind]
+        for key, idx in self.groups.items():
+            kind, heads, dim, _ = key
+            rows, slots = plan[kind]
             if not len(rows):
                 continue
-            k_view, v_view = self.cache_views(i)
-            shape = (spec.num_kv_heads, t, spec.head_dim)
-            size = spec.num_kv_heads * t * spec.head_dim
-            new_k, new_v = (a[:size].reshape(shape) for a in self.buffers.new[i])
+            cache = _stacked(self.stores[key], heads, self.bucket[kind], dim)  # [2n, H_kv, b, D]
+            new = _stacked(self.buffers.new_store[key], heads, t, dim)  # [2n, H_kv, T, D]
             r0, s0, n = int(rows[0]), int(slots[0]), len(rows)
             if rows[-1] - r0 == n - 1 and slots[-1] - s0 == n - 1:  # runs of rows -> runs of slots: slices
-                k_view[0, :, s0:s0 + n] = new_k[:, r0:r0 + n]
-                v_view[0, :, s0:s0 + n] = new_v[:, r0:r0 + n]
+                cache[:, :, s0:s0 + n] = new[:, :, r0:r0 + n]
             else:  # a sliding ring wrapping around
-                k_view[0][:, slots] = new_k[:, rows]
-                v_view[0][:, slots] = new_v[:, rows]
+                cache[:, :, slots] = new[:, :, rows]
         self._pending = 0
 
     def reset(self) -> None:
