@@ -92,6 +92,23 @@ def rotate(x: torch.Tensor, rope: Rope | TableRope, head_dim: int) -> torch.Tens
     return apply_rope(x.view(b, t, -1, head_dim), cos, sin).view(b, t, nd)
 
 
+def rotate_heads(x: torch.Tensor, rope: TableRope) -> torch.Tensor:
+    """x: [1, N, T, D] (heads first) -> rotated, same shape: one RotaryEmbedding node on its 4-D (BNSH) input
+    under ONNX export, the `apply_rope` maths in eager."""
+    if torch.onnx.is_in_onnx_export():
+        return torch.onnx.ops.symbolic("com.microsoft::RotaryEmbedding", (x, rope.position_ids, rope.cos, rope.sin),
+                                       {"interleaved": 0}, dtype=x.dtype, shape=x.shape, version=1)
+    cos, sin = rope.cos[rope.position_ids], rope.sin[rope.position_ids]  # [1, T, D/2]
+    return apply_rope(x, torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None])
+
+
+def packed_linear(*layers: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sibling projections of one input as one (weight [sum N, K], bias [sum N] or None): one MatMul + Split."""
+    weight = torch.cat([m.weight.detach() for m in layers])
+    bias = torch.cat([m.bias.detach() for m in layers]) if layers[0].bias is not None else None
+    return weight, bias
+
+
 def skip_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: "RMSNorm") -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + delta), x + delta): a residual add and the norm after it. Under ONNX export one com.microsoft
     SkipSimplifiedLayerNormalization node (output 0 = normed, output 3 = the sum); delta None: norm(x), x."""
@@ -191,6 +208,8 @@ class Attention(nn.Module):
         kv_out = cfg.kv_heads[layer] * d
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.attention_bias)
+        self.qkv = None  # (weight, bias) of q/k/v packed (`Transformer.use_fused_ops`, llama family)
+        self.head_counts = (cfg.num_heads, cfg.kv_heads[layer], cfg.kv_heads[layer])
         if self.gemma:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         if not self.reuses_kv:
@@ -212,20 +231,30 @@ class Attention(nn.Module):
         """
         b, t = x.shape[:2]
         d = self.head_dim
+        if self.qkv is not None:  # one projection, heads split once, k and v come out head-major
+            heads = F.linear(x, *self.qkv).view(b, t, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, T, D]
+            q, k, v = heads.split(self.head_counts, dim=1)
+            return self._attend(rotate_heads(q, rope), rotate_heads(k, rope), v, mask, k_cache, v_cache, shared, slots)
         q = self.q_proj(x)  # [1, T, H * D]
         if self.gemma:
             q = self.q_norm(q.view(b, t, -1, d)).view(b, t, -1)
         q = rotate(q, rope, d).view(b, t, -1, d).transpose(1, 2)  # [1, H, T, D]
+        if self.reuses_kv:
+            return self._attend(q, None, None, mask, k_cache, v_cache, shared, slots)
+        k = self.k_proj(x)  # [1, T, H_kv * D]
+        v = self.v_proj(x) if self.v_proj is not None else k
+        if self.gemma:
+            k, v = self.k_norm(k.view(b, t, -1, d)).view(b, t, -1), self.v_norm(v.view(b, t, -1, d)).view(b, t, -1)
+        k = rotate(k, rope, d).view(b, t, -1, d).transpose(1, 2)  # [1, H_kv, T, D]
+        v = v.view(b, t, -1, d).transpose(1, 2)
+        return self._attend(q, k, v, mask, k_cache, v_cache, shared, slots)
+
+    def _attend(self, q, k, v, mask, k_cache, v_cache, shared: dict, slots):
+        """q: [1, H, T, D]; k, v: this step's rows [1, H_kv, T, D] (None: a KV-reusing layer) -> (out, new rows)."""
         new = None
         if self.reuses_kv:
             ks, vs = shared[self.kind]  # ((k parts), (v parts)) of the layer this one shares with
         else:
-            k = self.k_proj(x)  # [1, T, H_kv * D]
-            v = self.v_proj(x) if self.v_proj is not None else k
-            if self.gemma:
-                k, v = self.k_norm(k.view(b, t, -1, d)).view(b, t, -1), self.v_norm(v.view(b, t, -1, d)).view(b, t, -1)
-            k = rotate(k, rope, d).view(b, t, -1, d).transpose(1, 2)  # [1, H_kv, T, D]
-            v = v.view(b, t, -1, d).transpose(1, 2)
             new = (k, v)
             if slots is not None:  # keys = the cache with the new rows written to their slots
                 ks, vs = (write_rows(k_cache, k, slots),), (write_rows(v_cache, v, slots),)
@@ -245,11 +274,15 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
         self.act = act
+        self.gate_up = None  # (weight, bias) of gate/up packed (`Transformer.use_fused_ops`)
 
     def forward(self, x):
-        g = self.gate_proj(x)
+        if self.gate_up is not None:
+            g, u = F.linear(x, *self.gate_up).split(self.down_proj.in_features, dim=-1)
+        else:
+            g, u = self.gate_proj(x), self.up_proj(x)
         g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
-        return self.down_proj(g * self.up_proj(x))
+        return self.down_proj(g * u)
 
 
 class Router(nn.Module):
@@ -376,9 +409,16 @@ class Transformer(nn.Module):
 
     def use_fused_ops(self, max_context: int | None) -> None:
         """Forward through the forms that export to onnxruntime's fused kernels (dynamo exporter only):
-        RotaryEmbedding over rope tables of `max_context` rows (`rotate`, `TableRope`) and, for the llama family,
-        SkipSimplifiedLayerNormalization for every residual add + the norm after it (`Block.forward_pending`).
-        Same maths in eager (tested); SmolLM2's graph loses ~14 nodes per layer. None turns it off."""
+        RotaryEmbedding over rope tables of `max_context` rows (`rotate`, `TableRope`); gate/up packed into one
+        projection; and for the llama family q/k/v packed into one projection whose heads are split once
+        (`rotate_heads` on the 4-D heads) and SkipSimplifiedLayerNormalization for every residual add + the norm
+        after it (`Block.forward_pending`). Same maths in eager (tested); SmolLM2's int8 graph goes from ~46 to
+        ~26 nodes per layer. None turns it off."""
+        for block in self.model.layers:
+            attn = block.self_attn
+            llama = not attn.gemma and not attn.reuses_kv
+            attn.qkv = packed_linear(attn.q_proj, attn.k_proj, attn.v_proj) if max_context and llama else None
+            block.mlp.gate_up = packed_linear(block.mlp.gate_proj, block.mlp.up_proj) if max_context else None
         if max_context is None:
             self.rope_tables = None
             return
