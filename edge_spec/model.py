@@ -170,25 +170,31 @@ def group_mask(mask: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Ten
     return tiled, tiled == 0
 
 
-def attend_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
-                 scale: float) -> torch.Tensor:
+def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, slots: torch.Tensor, v: torch.Tensor,
+                 mask: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
     """Batch-invariant attention: row t of the output is bit-identical whatever T is (decode T=1 == verify T=k+1).
 
-    q: [1, H, T, D]; k, v: [1, H_kv, S, D] with the new rows already in their slots; mask, keep: [1, 1, G*T, S]
-    (`group_mask` of the [1, 1, T, S] mask, G = H / H_kv) -> [1, T, H * D].
-    Why (measured, docs/architecture.md "Exactness of quantized bundles"): every key sits in the
-    same column in both cases (no cache-part / new-part split, whose sums run in another order), the matmuls
-    always have >= 2 rows (a 1-row matmul takes another CPU kernel with another summation order), masked
-    probabilities are exact zeros, and extra masked columns at the end only add zeros.
+    q: [1, H, T, D]; k_cache: [1, H_kv, S, D] as bound (the new rows' slots hold stale values); k_new: [1, H_kv, T, D],
+    the new rows, which belong in `slots` [T]; v: [1, H_kv, S, D] with the new rows already in their slots
+    (`write_rows`); mask, keep: [1, 1, G*T, S] (`group_mask` of the [1, 1, T, S] mask, G = H / H_kv) -> [1, T, H * D].
+    Why (measured, docs/architecture.md "Exactness of quantized bundles"): every key's score and every value sits
+    in the same column in both cases (no cache-part / new-part split of the value sum, which would run in another
+    order), the matmuls always have >= 2 rows (a 1-row matmul takes another CPU kernel with another summation
+    order), masked probabilities are exact zeros, and extra masked columns at the end only add zeros. The new
+    keys' scores are computed apart and written into their slots' columns (a score is one dot product over D
+    whichever matmul computes it), so only the small score matrix is copied per layer, not the K cache.
     """
     b, h, t, d = q.shape
-    h_kv = k.shape[1]
+    h_kv = k_cache.shape[1]
     g = h // h_kv
     pad = g == 1  # one query head per KV head: add a zero row so that T = 1 still runs a >= 2-row matmul
     qg = q.reshape(b, h_kv, g * t, d)  # [1, H_kv, G*T, D]
     if pad:
         qg = torch.cat([qg, torch.zeros_like(qg[:, :, :1])], dim=2)
-    scores = torch.matmul(qg, k.transpose(-1, -2))[:, :, :g * t] * scale  # [1, H_kv, G*T, S]
+    scores = torch.matmul(qg, k_cache.transpose(-1, -2)) * scale  # [1, H_kv, G*T (+1), S]
+    new_scores = torch.matmul(qg, k_new.transpose(-1, -2)) * scale  # [1, H_kv, G*T (+1), T]
+    index = slots.view(1, 1, 1, t).expand(new_scores.shape)
+    scores = scores.scatter(-1, index, new_scores)[:, :, :g * t]  # [1, H_kv, G*T, S]
     probs = torch.where(keep, torch.softmax(scores.float() + mask, dim=-1), 0.0).type_as(q)  # [1, H_kv, G*T, S]
     if pad:
         probs = torch.cat([probs, torch.zeros_like(probs[:, :, :1])], dim=2)
@@ -256,14 +262,14 @@ class Attention(nn.Module):
             ks, vs = shared[self.kind]  # ((k parts), (v parts)) of the layer this one shares with
         else:
             new = (k, v)
-            if slots is not None:  # keys = the cache with the new rows written to their slots
-                ks, vs = (write_rows(k_cache, k, slots),), (write_rows(v_cache, v, slots),)
+            if slots is not None:  # keys: the cache + the new rows (scored apart); values: the new rows in their slots
+                ks, vs = (k_cache, k), (write_rows(v_cache, v, slots),)
             else:
                 ks, vs = (k_cache, k), (v_cache, v)  # keys = cache slots [S] then new rows [T]
             if self.stores_kv:
                 shared[self.kind] = (ks, vs)
         if slots is not None:
-            return self.o_proj(attend_slots(q, ks[0], vs[0], *mask, self.scale)), new
+            return self.o_proj(attend_slots(q, ks[0], ks[1], slots, vs[0], *mask, self.scale)), new
         return self.o_proj(attend(q, ks, vs, mask, self.scale)), new
 
 
