@@ -8,10 +8,10 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
   * one target graph for every T (prefill chunks, verify, T=1 decode): the weights dominate a decode step;
   * symbolic cache length, so the runtime binds only the slot prefix in use (no attention over 2048 empty
     slots); caches keep the contract's head-major [1, H_kv, S, D] layout;
-  * full attention is batch-invariant (edge_spec.model.attend_slots): the graph writes the new K/V rows into
-    a copy of the bound cache at their slots (slot == position) and attends over that, so a verify pass
-    reproduces T=1 decode steps bit for bit; this costs one copy of the bound cache prefix per layer and step
-    (measured in docs/architecture.md). Sliding layers keep the split cache / new-row form (a ring can hold
+  * full attention is batch-invariant (edge_spec.model.attend_slots): every key's score and every value sits
+    in its slot's column (slot == position; the new V rows are written into a copy of the bound V cache, the
+    new keys' scores into the cache scores), so a verify pass reproduces T=1 decode steps bit for bit; this
+    costs one copy of the bound V prefix per layer and step (measured in docs/architecture.md). Sliding layers keep the split cache / new-row form (a ring can hold
     keys an earlier row of the same verify still needs);
   * with the dynamo exporter the target uses onnxruntime's fused RotaryEmbedding (rope tables of max_context
     rows) and SkipSimplifiedLayerNormalization (residual add + RMSNorm) kernels (`Transformer.use_fused_ops`;
