@@ -22,8 +22,8 @@ QUANT  ?= int4
 BUNDLE ?= bundles/smollm2-$(QUANT)
 
 # main job: export SmolLM2 + its built-in drafter to an ONNX bundle (int4: holds the embedded GGUF's Q4_1
-# body weights exactly and is the smallest; symmetric int8 decodes at about its speed here: plain 76.6 vs 74.3,
-# speculative k=2 87.6 vs 91.1 tok/s in one A/B run; QUANT=int8, fp32 or fp16 also work), generate plain and
+# body weights exactly, is the smallest and decoded fastest in the benches here: plain 89.5 tok/s vs int8's 83.7,
+# docs/benchmarks.md; QUANT=int8, fp32 or fp16 also work), generate plain and
 # speculatively with onnxruntime (each run prints its speed), then `edge-spec bench` prints the measured
 # speedup table (and checks greedy exactness per prompt), with onnxruntime-genai's own model of the same
 # checkpoint decoding each prompt right after us (same runtime library, its fused graph).
@@ -31,7 +31,7 @@ demo: venv
 	$(BIN)/edge-spec export --model smollm2-135m --drafter builtin --quant $(QUANT) --out $(BUNDLE)
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --chat --prompt "$(PROMPT)" --max-new-tokens 96 --no-spec
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --chat --prompt "$(PROMPT)" --max-new-tokens 96 --adaptive
-	$(BIN)/edge-spec bench --bundle $(BUNDLE) --threads 2 --num-prompts 3 --spec-k 2 4 --adaptive --max-new-tokens 64 \
+	$(BIN)/edge-spec bench --bundle $(BUNDLE) --threads 2 --num-prompts 3 --spec-k 1 2 4 --adaptive --max-new-tokens 64 \
 	    --peer onnxruntime-genai
 
 test: venv
