@@ -27,7 +27,8 @@ from torch import nn
 
 from .config import GEMMA4, REUSE, ModelConfig, _parse_gemma4
 from .errors import CheckpointError
-from .model import RMSNorm, Block, rope_cos_sin
+from .model import RMSNorm, Block
+from .rope import rope_cos_sin
 
 
 @dataclass(frozen=True)
