@@ -278,6 +278,28 @@ def test_verify_rows_are_bit_identical_to_decode_steps(llama, tmp_path, precisio
         assert np.array_equal(np.stack(steps), verify), f"rows differ at start {start}, T {t}"
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap: sliding-window layers keep the split cache / new-row attention "
+                   "(docs/architecture.md, 'Exactness of quantized bundles'); strict, so a fix shows up here")
+def test_gemma_sliding_layers_verify_rows_equal_decode_steps(gemma, tmp_path):
+    """The same property on a Gemma-4 target: its sliding-window layers are not batch-invariant yet (measured: int4
+    logits differ by up to ~4 between a verify pass and T=1 steps), so greedy speculative == plain is not
+    guaranteed for quantized Gemma-4 bundles. Each window is re-prefilled (rewinding across a ring eviction is
+    refused by design)."""
+    folder = export_bundle(gemma[1], tmp_path / "int4", precision="int4", max_context=96)
+    session = load_bundle(folder, threads=2).session
+    ids = prompt_ids(70, seed=5)
+    for start, t in ((58, 6), (40, 2), (64, 4)):
+        session.reset()
+        session.prefill(ids[:start])
+        steps = []
+        for token in ids[start:start + t]:
+            steps.append(session.forward([token]).logits[0])
+            session.commit(1)
+        session.reset()
+        session.prefill(ids[:start])
+        assert np.array_equal(np.stack(steps), session.forward(ids[start:start + t]).logits), f"start {start}, T {t}"
+
+
 def test_untied_target_with_a_target_head_drafter_gets_its_output_table(tmp_path):
     ref = save_reference(llama_config(num_hidden_layers=1, tie_word_embeddings=False), tmp_path / "untied")
     del ref
