@@ -11,11 +11,13 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
   * full attention is batch-invariant (edge_spec.model.attend_slots): every key's score and every value sits
     in its slot's column (slot == position; the new V rows are written into a copy of the bound V cache, the
     new keys' scores into the cache scores), so a verify pass reproduces T=1 decode steps bit for bit; this
-    costs one copy of the bound V prefix per layer and step (measured in docs/architecture.md). Sliding layers keep the split cache / new-row form (a ring can hold
-    keys an earlier row of the same verify still needs);
+    costs one copy of the bound V prefix per layer and step (measured in docs/architecture.md). Sliding
+    layers keep the split cache / new-row form (a ring can hold keys an earlier row of the same verify still
+    needs), so Gemma-4 targets are not batch-invariant there (a strict-xfail test pins the gap);
   * with the dynamo exporter the target uses onnxruntime's fused RotaryEmbedding (rope tables of max_context
-    rows) and SkipSimplifiedLayerNormalization (residual add + RMSNorm) kernels (`Transformer.use_fused_ops`;
-    SmolLM2 int8: 1,383 -> 891 nodes per step, ~5-10% faster decode, measured in docs/architecture.md);
+    rows) and SkipSimplifiedLayerNormalization (residual add + RMSNorm) kernels and packed q/k/v and gate/up
+    projections (`Transformer.use_fused_ops`; SmolLM2 int8: 1,383 -> 805 nodes per step, ~15-20% faster
+    decode, measured in docs/architecture.md);
   * the target's input embedding table is written once, raw, as `onnx/embed_table.bin`: the target graph
     reads it as external data of its `embed_table` initializer and the drafter graph takes it as an input
     (the runtime binds one memory-mapped buffer to both), so the drafter embeds tokens - and a

@@ -16,10 +16,10 @@ memory-mapped `embed_table` of the bundle: it owns no cache and no copy of the t
 
 from __future__ import annotations
 
-import time
-
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -104,6 +104,18 @@ def _shape_groups(specs: list[CacheSpec]) -> dict[tuple, list[int]]:
     return groups
 
 
+def _grouped_rows(groups: dict[tuple, list[int]], rows: Callable[[tuple], int]
+                  ) -> tuple[dict[tuple, np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
+    """One zeroed store [2n, H_kv * rows(group) * D] per shape group (`_shape_groups`); returns (stores, per cached
+    layer its (K, V) rows of its group's store: rows 2j and 2j + 1 for the group's j-th layer)."""
+    stores = {key: np.zeros((2 * len(idx), key[1] * rows(key) * key[2]), dtype=np.float32) for key, idx in groups.items()}
+    per_layer: list = [None] * sum(len(idx) for idx in groups.values())
+    for key, idx in groups.items():
+        for j, i in enumerate(idx):
+            per_layer[i] = (stores[key][2 * j], stores[key][2 * j + 1])
+    return stores, per_layer
+
+
 def _stacked(store: np.ndarray, heads: int, rows: int, dim: int) -> np.ndarray:
     """[2n, >= heads*rows*dim] store -> its row prefixes as [2n, heads, rows, dim], a view (never a copy: setting
     .shape raises instead of copying)."""
@@ -143,14 +155,8 @@ class _Buffers:
         self.masks = {kind: np.zeros(t_cap * (layout.slots(kind) + t_cap), dtype=np.float32) for kind in layout.kinds()}
         self.logits = np.zeros(t_cap * vocab, dtype=np.float32)
         self.hidden = np.zeros(t_cap * hidden, dtype=np.float32)
-        # new K/V rows, stacked like the caches: group -> [2n, H_kv * t_cap * D] (rows 2j, 2j+1: K, V of layer j)
-        specs = list(layout.caches)
-        self.new_store = {key: np.zeros((2 * len(idx), key[1] * t_cap * key[2]), dtype=np.float32)
-                          for key, idx in _shape_groups(specs).items()}
-        self.new: list[tuple[np.ndarray, np.ndarray]] = [None] * len(specs)
-        for key, idx in _shape_groups(specs).items():
-            for j, i in enumerate(idx):
-                self.new[i] = (self.new_store[key][2 * j], self.new_store[key][2 * j + 1])
+        # new K/V rows, stacked like the caches: group -> [2n, H_kv * t_cap * D]; new[i] = layer i's (K, V) rows
+        self.new_store, self.new = _grouped_rows(_shape_groups(list(layout.caches)), lambda key: t_cap)
 
 
 def _bind(binding, name: str, array: np.ndarray, output: bool = False) -> None:
@@ -174,14 +180,9 @@ class OrtBackend:
         # layers with one cache shape keep K and V as rows of one store [2n, H_kv * slots * D], so a commit
         # copies the accepted rows of all of them in one assignment
         self.groups = _shape_groups(self.specs)
-        self.stores = {key: np.zeros((2 * len(idx), key[1] * key[3] * key[2]), dtype=np.float32)
-                       for key, idx in self.groups.items()}
-        self.k: list[_LayerCache] = [None] * len(self.specs)
-        self.v: list[_LayerCache] = [None] * len(self.specs)
-        for key, idx in self.groups.items():
-            for j, i in enumerate(idx):
-                self.k[i] = _LayerCache(self.specs[i], self.stores[key][2 * j])
-                self.v[i] = _LayerCache(self.specs[i], self.stores[key][2 * j + 1])
+        self.stores, rows = _grouped_rows(self.groups, lambda key: key[3])  # key[3]: the group's slot count
+        self.k = [_LayerCache(spec, k) for spec, (k, _) in zip(self.specs, rows)]
+        self.v = [_LayerCache(spec, v) for spec, (_, v) in zip(self.specs, rows)]
         self.bucket = {kind: _bucket(0, layout.slots(kind)) for kind in layout.kinds()}
         self.used = {kind: 0 for kind in layout.kinds()}  # rows [0, used) of each bucket hold data
         self.buffers = _Buffers(1, layout, vocab_size, hidden_size)
