@@ -26,6 +26,12 @@ class TableRope(NamedTuple):
     sin: torch.Tensor
     position_ids: torch.Tensor
 
+    def rope(self) -> Rope:
+        """The eager form: the tables' rows at `position_ids` as cos, sin [1, T, 1, D] (same values as
+        `rope_cos_sin` at those positions)."""
+        cos, sin = self.cos[self.position_ids], self.sin[self.position_ids]  # [1, T, D/2]
+        return Rope(torch.cat([cos, cos], -1)[:, :, None], torch.cat([sin, sin], -1)[:, :, None])
+
 
 def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> Rope:
     """position_ids: [1, T]; inv_freq: [D/2] -> cos, sin: [1, T, 1, D] (broadcast over heads)."""
@@ -47,27 +53,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotated * sin).type_as(x)  # cos/sin stay fp32; a bf16 teacher keeps bf16 activations
 
 
+def _ort_rotary(x: torch.Tensor, rope: TableRope, **attrs) -> torch.Tensor:
+    """One com.microsoft RotaryEmbedding node over x (3-D [1, T, N * D] with num_heads, or 4-D [1, N, T, D])."""
+    return torch.onnx.ops.symbolic("com.microsoft::RotaryEmbedding", (x, rope.position_ids, rope.cos, rope.sin),
+                                   {"interleaved": 0, **attrs}, dtype=x.dtype, shape=x.shape, version=1)
+
+
 def rotate(x: torch.Tensor, rope: Rope | TableRope, head_dim: int) -> torch.Tensor:
     """x: [1, T, N * D] (N heads of `head_dim`) -> x rotated by `rope`, same shape. A TableRope under ONNX export
     is one com.microsoft RotaryEmbedding node (it replaces six element-wise nodes per tensor); in eager it reads
     the tables and applies the same maths as `apply_rope`."""
     b, t, nd = x.shape
-    if isinstance(rope, Rope):
-        return apply_rope(x.view(b, t, -1, head_dim), rope.cos, rope.sin).view(b, t, nd)
-    if torch.onnx.is_in_onnx_export():
-        return torch.onnx.ops.symbolic("com.microsoft::RotaryEmbedding", (x, rope.position_ids, rope.cos, rope.sin),
-                                       {"interleaved": 0, "num_heads": nd // head_dim}, dtype=x.dtype, shape=x.shape,
-                                       version=1)
-    cos, sin = rope.cos[rope.position_ids], rope.sin[rope.position_ids]  # [1, T, D/2]
-    cos, sin = torch.cat([cos, cos], -1)[:, :, None], torch.cat([sin, sin], -1)[:, :, None]
-    return apply_rope(x.view(b, t, -1, head_dim), cos, sin).view(b, t, nd)
+    if isinstance(rope, TableRope):
+        if torch.onnx.is_in_onnx_export():
+            return _ort_rotary(x, rope, num_heads=nd // head_dim)
+        rope = rope.rope()
+    return apply_rope(x.view(b, t, -1, head_dim), rope.cos, rope.sin).view(b, t, nd)
 
 
 def rotate_heads(x: torch.Tensor, rope: TableRope) -> torch.Tensor:
     """x: [1, N, T, D] (heads first) -> rotated, same shape: one RotaryEmbedding node on its 4-D (BNSH) input
     under ONNX export, the `apply_rope` maths in eager."""
     if torch.onnx.is_in_onnx_export():
-        return torch.onnx.ops.symbolic("com.microsoft::RotaryEmbedding", (x, rope.position_ids, rope.cos, rope.sin),
-                                       {"interleaved": 0}, dtype=x.dtype, shape=x.shape, version=1)
-    cos, sin = rope.cos[rope.position_ids], rope.sin[rope.position_ids]  # [1, T, D/2]
-    return apply_rope(x, torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None])
+        return _ort_rotary(x, rope)
+    cos, sin = rope.rope()  # [1, T, 1, D] -> [1, 1, T, D] for heads-first x
+    return apply_rope(x, cos.transpose(1, 2), sin.transpose(1, 2))
