@@ -6,7 +6,6 @@ The same words as the CLI (`edge-spec generate --model M --prompt P --max-new-to
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +19,7 @@ from .config import kv_layout
 from .drafter import Drafter, check_pair, load_drafter
 from .errors import BundleError, CheckpointError, ConfigError
 from .generate import GenerationResult, check_request, generate_plain
-from .kv import KVLayout, ring_slots
+from .kv import KVLayout
 from .manifest import Manifest, content_id, read_manifest, read_table
 from .sampling import SamplingParams
 from .speculative import generate_speculative
@@ -163,9 +162,7 @@ def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
         raise ConfigError(f"max_context {max_context!r} does not fit this bundle (exported for at most "
                           f"{manifest.max_context})", f"use --max-context {manifest.max_context} or less, or re-export "
                           "with a larger --max-context")
-    caches = tuple(dataclasses.replace(c, slots=ring_slots(c.window, max_context) if c.window else max_context)
-                   for c in manifest.layout.caches)
-    return KVLayout(caches, max_context)
+    return manifest.layout.with_context(max_context)
 
 
 def load_bundle(folder: str | Path, *, runtime: str = "ort", threads: int | None = None, provider: str = "cpu",

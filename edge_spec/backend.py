@@ -71,9 +71,10 @@ class Session:
     def prefill(self, tokens: list[int]) -> StepOutput:
         """Commit all `tokens` in chunks; returns the output of the last position ([1, V], [1, H])."""
         self.state.check_fits(len(tokens))
+        size = min(self.prefill_chunk, self.state.layout.max_pass or self.prefill_chunk)  # the graphs' cap per pass
         out = None
-        for start in range(0, len(tokens), self.prefill_chunk):
-            chunk = tokens[start:start + self.prefill_chunk]
+        for start in range(0, len(tokens), size):
+            chunk = tokens[start:start + size]
             out = self.forward(chunk, last_only=True)
             self.commit(len(chunk))
         assert out is not None, "prefill needs at least one token"

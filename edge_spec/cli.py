@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "head); default fp32")
     exp.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
     exp.add_argument("--max-draft-len", type=int, default=8, help="largest --spec-k the bundle accepts (default 8)")
+    exp.add_argument("--max-pass", type=int, default=None,
+                     help="targets with sliding-window layers (Gemma-4): most tokens per forward (prefill chunk, verify "
+                          "pass); rings get window + max-pass - 1 slots (default 64, or max-draft-len + 1 if larger)")
     exp.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"],
                      help="torch.onnx exporter: dynamo (default, faster graphs) or torchscript (exports ~10x faster)")
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
@@ -153,7 +156,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         out = export_bundle(target, args.out, drafter=drafter,
                             drafter_source=str(drafter_folder.resolve()) if drafter_folder else None,
                             precision=args.quant, max_context=args.max_context, max_draft_len=args.max_draft_len,
-                            exporter=args.exporter, progress=progress)
+                            max_pass=args.max_pass, exporter=args.exporter, progress=progress)
         bar.set_postfix_str("done")
     finally:
         bar.close()

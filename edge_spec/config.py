@@ -246,8 +246,11 @@ def _parse_gemma4(d: dict, source: str) -> ModelConfig:
         moe_intermediate_size=int(d.get("moe_intermediate_size") or 0) if moe else 0, raw=d)
 
 
-def kv_layout(cfg: ModelConfig, max_context: int) -> "KVLayout":
-    """The cache layout of `cfg` for a given max context (full layers: max_context slots; rings: window)."""
+def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None) -> "KVLayout":
+    """The cache layout of `cfg` for a given max context (full layers: max_context slots; rings: `kv.ring_slots`).
+
+    `max_pass` caps the tokens of one forward; it only matters with sliding layers (their rings grow to
+    W + max_pass - 1 slots) and is dropped for full-attention-only models, whose graphs take any T."""
     from .kv import CacheSpec, KVLayout, ring_slots
 
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
@@ -259,6 +262,7 @@ def kv_layout(cfg: ModelConfig, max_context: int) -> "KVLayout":
     for layer in cfg.cached_layers():
         kind = cfg.layer_kinds[layer]
         window = cfg.sliding_window if kind == SLIDING else None
-        slots = ring_slots(window, max_context) if window else max_context
+        slots = ring_slots(window, max_context, max_pass) if window else max_context
         caches.append(CacheSpec(layer, kind, cfg.kv_heads[layer], cfg.head_dims[layer], slots, window))
-    return KVLayout(tuple(caches), max_context)
+    sliding = any(c.window for c in caches)
+    return KVLayout(tuple(caches), max_context, max_pass if sliding else None)

@@ -8,7 +8,10 @@ Logical model (shared by every runtime and every exported format):
   * invariant: the cache holds every token except the last emitted one; after a verify that
     accepted `n` drafts the runtime commits `n + 1` rows.
   * binding `io`: caches are graph inputs, the graph returns only the new rows [1, H_kv, T, D];
-    the runtime writes the committed rows (write-after-verify), so a ring of W slots suffices.
+    the runtime writes the committed rows (write-after-verify).
+  * rings: W + 1 slots (the drafter reads W + 1 keys), or W + max_pass - 1 when the layout caps the
+    tokens per forward (`max_pass`): exported graphs place a forward's new keys in their ring slots
+    before attending (batch-invariant attention), which must not evict a key the same forward still reads.
   * a sliding key at position p is visible to a query at position q iff 0 <= q - p < window.
   * rewinding across an eviction raises `KVStateError` instead of returning wrong logits.
 
@@ -18,11 +21,11 @@ mask [1, 1, T, S + T] built here from the slot positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import ContextOverflowError, KVStateError
+from .errors import ConfigError, ContextOverflowError, KVStateError
 
 FULL = "full"
 SLIDING = "sliding"
@@ -97,6 +100,7 @@ class CacheSpec:
 class KVLayout:
     caches: tuple[CacheSpec, ...]
     max_context: int
+    max_pass: int | None = None  # most new tokens in one forward (prefill chunk, verify pass); None: any
 
     def kinds(self) -> tuple[str, ...]:
         return tuple(sorted({c.kind for c in self.caches}))
@@ -108,22 +112,44 @@ class KVLayout:
         return next(c.window for c in self.caches if c.kind == kind)
 
     def to_json(self) -> dict:
-        return {"max_context": self.max_context,
+        return {"max_context": self.max_context, "max_pass": self.max_pass,
                 "caches": [c.__dict__ | {"shape": list(c.shape)} for c in self.caches]}
 
     @staticmethod
     def from_json(d: dict) -> "KVLayout":
         fields = ("layer", "kind", "num_kv_heads", "head_dim", "slots", "window")
-        return KVLayout(tuple(CacheSpec(**{f: c[f] for f in fields}) for c in d["caches"]), int(d["max_context"]))
+        max_pass = d.get("max_pass")  # absent in schema-1 manifests: no cap
+        return KVLayout(tuple(CacheSpec(**{f: c[f] for f in fields}) for c in d["caches"]), int(d["max_context"]),
+                        None if max_pass is None else int(max_pass))
+
+    def with_context(self, max_context: int) -> "KVLayout":
+        """The same layout (same rings, same cap) for a smaller context."""
+        caches = tuple(replace(c, slots=ring_slots(c.window, max_context, self.max_pass) if c.window else max_context)
+                       for c in self.caches)
+        return KVLayout(caches, max_context, self.max_pass)
 
 
-def ring_slots(window: int, max_context: int) -> int:
-    """Slots for a sliding layer under `io` binding: W + 1, never more than the context.
+DEFAULT_MAX_PASS = 64  # exported sliding-window targets: prefill chunks and verify passes of at most 64 tokens
+
+
+def ring_slots(window: int, max_context: int, max_pass: int | None = None) -> int:
+    """Slots for a sliding layer under `io` binding, never more than the context.
 
     The target alone needs W - 1 past keys (write-after-verify); the drafter reads the W + 1 keys
-    before the bonus token (transformers' Gemma-4 assistant semantics), which sets the size.
+    before the bonus token (transformers' Gemma-4 assistant semantics): W + 1 slots. A graph that writes a
+    forward's T new keys into their slots (position % slots) before attending needs W + T - 1, so that the
+    last new key never evicts one the first new row still sees: with a cap `max_pass` on T, W + max_pass - 1.
     """
-    return min(window + 1, max_context)
+    return min(window + max(2, max_pass or 0) - 1, max_context)
+
+
+def check_pass(layout: KVLayout, n_new: int) -> None:
+    """Refuse a forward over more tokens than the layout's graphs accept (`max_pass`)."""
+    if layout.max_pass is not None and n_new > layout.max_pass:
+        raise ConfigError(f"one forward over {n_new} tokens exceeds this bundle's limit of {layout.max_pass} tokens "
+                          "per pass (its sliding-window rings are sized for it)",
+                          f"use --spec-k {layout.max_pass - 1} or less (prefill is chunked automatically), or "
+                          f"re-export with --max-pass {n_new}")
 
 
 def drafter_window(window: int | None) -> int | None:
@@ -241,6 +267,7 @@ class KVState:
     def masks(self, n_new: int) -> dict[str, np.ndarray]:
         """Masks for the next forward over `n_new` tokens: kind -> [1, 1, T, S_kind + T]."""
         self.check_fits(n_new)
+        check_pass(self.layout, n_new)
         query = np.arange(self.length, self.length + n_new, dtype=np.int64)
         return {kind: attention_mask(self.slot_pos[kind], query, self.layout.window(kind))[None, None]
                 for kind in self.layout.kinds()}

@@ -24,9 +24,10 @@ from typing import Callable
 import numpy as np
 
 from .errors import BundleError
-from .kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, target_io
+from .kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, target_io
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
+READABLE_VERSIONS = (1, 2)  # 1: no cap per forward; its sliding layers use the split attention form
 MANIFEST = "manifest.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")  # copied when present
 BINDING_IO = "io"
@@ -246,8 +247,9 @@ def read_manifest(folder: str | Path, *, verify_checksums: bool = True) -> Manif
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BundleError(f"{path} is not valid JSON ({err})", _REEXPORT) from err
     version = raw.get("schema_version") if isinstance(raw, dict) else None
-    if version != SCHEMA_VERSION:
-        raise BundleError(f"{path}: schema_version {version!r}, this edge-spec reads version {SCHEMA_VERSION}",
+    if version not in READABLE_VERSIONS:
+        raise BundleError(f"{path}: schema_version {version!r}, this edge-spec reads versions "
+                          f"{', '.join(map(str, READABLE_VERSIONS))}",
                           "re-export the bundle with this edge-spec version (or install the version that wrote it)")
     try:
         manifest = Manifest.from_json(raw)
@@ -288,6 +290,14 @@ def _verify_contract(m: Manifest, path: Path) -> None:
         raise BundleError(f"{path}: unknown precision {m.precision!r}", _REEXPORT)
     if "target" not in m.graphs:
         raise BundleError(f"{path}: the bundle has no target graph", _REEXPORT)
+    if m.layout.max_pass is not None:
+        if m.max_draft_len + 1 > m.layout.max_pass:
+            raise BundleError(f"{path}: max_draft_len {m.max_draft_len} needs verify passes of {m.max_draft_len + 1} "
+                              f"tokens, more than the layout's max_pass {m.layout.max_pass}", _REEXPORT)
+        for c in m.layout.caches:
+            if c.window and c.slots < ring_slots(c.window, m.layout.max_context, m.layout.max_pass):
+                raise BundleError(f"{path}: layer {c.layer}'s ring has {c.slots} slots, too few for window {c.window} "
+                                  f"and passes of {m.layout.max_pass} tokens", _REEXPORT)
     _same_io(f"{path}: target graph", m.graphs["target"].io, target_io(m.layout, m.vocab_size, m.hidden_size))
     if m.drafter is None:
         if "drafter" in m.graphs:

@@ -112,7 +112,7 @@ def group_mask(mask: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, slots: torch.Tensor, v: torch.Tensor,
-                 mask: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+                 mask: torch.Tensor, keep: torch.Tensor, scale: float, pad_keys: bool = True) -> torch.Tensor:
     """Batch-invariant attention: row t of the output is bit-identical whatever T is (decode T=1 == verify T=k+1).
 
     q: [1, H, T, D]; k_cache: [1, H_kv, S, D] as bound (the new rows' slots hold stale values); k_new: [1, H_kv, T, D],
@@ -123,7 +123,12 @@ def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, sl
     order), the matmuls always have >= 2 rows (a 1-row matmul takes another CPU kernel with another summation
     order), masked probabilities are exact zeros, and extra masked columns at the end only add zeros. The new
     keys' scores are computed apart and written into their slots' columns (a score is one dot product over D
-    whichever matmul computes it), so only the small score matrix is copied per layer, not the K cache.
+    whichever matmul computes it), so only the small score matrix is copied per layer, not the K cache. For the
+    same reason the new keys' scores must not be a single-column matmul at T = 1 (onnxruntime takes a
+    matrix-vector kernel for an untransposed [D, 1] operand: measured on Gemma-4, ~4e-7 in fp32): `pad_keys`
+    appends a zero key. The packed-qkv path (llama family, `use_fused_ops`) passes False: its head-major keys
+    reach the matmul as a transposed operand (FusedMatMul transB), which keeps the blocked kernel (tested bit for
+    bit; the pad cost ~1% of int8 decode there).
     """
     b, h, t, d = q.shape
     h_kv = k_cache.shape[1]
@@ -133,7 +138,11 @@ def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, sl
     if pad:
         qg = torch.cat([qg, torch.zeros_like(qg[:, :, :1])], dim=2)
     scores = torch.matmul(qg, k_cache.transpose(-1, -2)) * scale  # [1, H_kv, G*T (+1), S]
-    new_scores = torch.matmul(qg, k_new.transpose(-1, -2)) * scale  # [1, H_kv, G*T (+1), T]
+    if pad_keys:  # [1, H_kv, T + 1, D]: >= 2 columns, the extra one dropped again
+        k_pad = torch.cat([k_new, torch.zeros_like(k_new[:, :, :1])], dim=2)
+        new_scores = (torch.matmul(qg, k_pad.transpose(-1, -2)) * scale)[..., :t]  # [1, H_kv, G*T (+1), T]
+    else:
+        new_scores = torch.matmul(qg, k_new.transpose(-1, -2)) * scale  # [1, H_kv, G*T (+1), T]
     index = slots.view(1, 1, 1, t).expand(new_scores.shape)
     scores = scores.scatter(-1, index, new_scores)[:, :, :g * t]  # [1, H_kv, G*T, S]
     probs = torch.where(keep, torch.softmax(scores.float() + mask, dim=-1), 0.0).type_as(q)  # [1, H_kv, G*T, S]
@@ -210,7 +219,8 @@ class Attention(nn.Module):
             if self.stores_kv:
                 shared[self.kind] = (ks, vs)
         if slots is not None:
-            return self.o_proj(attend_slots(q, ks[0], ks[1], slots, vs[0], *mask, self.scale)), new
+            out = attend_slots(q, ks[0], ks[1], slots, vs[0], *mask, self.scale, pad_keys=self.qkv is None)
+            return self.o_proj(out), new
         return self.o_proj(attend(q, ks, vs, mask, self.scale)), new
 
 
@@ -348,9 +358,12 @@ class Transformer(nn.Module):
         for kind, spec in cfg.rope.items():
             self.register_buffer(f"inv_freq_{kind}", torch.from_numpy(spec.inv_freq()), persistent=False)
         self.embed_scale = cfg.hidden_size ** 0.5 if cfg.family == GEMMA4 else 1.0
-        # Batch-invariant attention for full-attention layers (attend_slots): exported graphs turn it on so that
-        # a verify pass reproduces decode steps bit for bit; eager training / the torch runtime keep the split form.
+        # Batch-invariant attention (attend_slots): exported graphs turn it on so that a verify pass reproduces
+        # decode steps bit for bit; eager training / the torch runtime keep the split form. Full layers keep
+        # position p in slot p; sliding layers in slot p % sliding_ring (the layout's ring size: it must hold
+        # W + T - 1 keys for every forward of T tokens, `kv.ring_slots`), or keep the split form when None.
         self.slot_attention = False
+        self.sliding_ring: int | None = None
         # onnxruntime's fused kernels (`use_fused_ops`): kind -> rope tables (cos, sin) [max_context, D/2], or None
         self.rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -394,11 +407,15 @@ class Transformer(nn.Module):
             rope = {kind: TableRope(*self.rope_tables[kind], position_ids) for kind in self.cfg.rope}
         else:
             rope = {kind: rope_cos_sin(position_ids, getattr(self, f"inv_freq_{kind}")) for kind in self.cfg.rope}
-        slots = {kind: None for kind in masks}
-        grouped = {}  # group count -> group_mask of the full-attention mask (slot attention)
-        if self.slot_attention and FULL in masks:
-            slots[FULL] = position_ids[0]  # [T]: a full-attention layer keeps position p in slot p
-            masks = {**masks, FULL: slot_mask(masks[FULL], slots[FULL])}  # [1, 1, T, S]
+        slots = {kind: None for kind in masks}  # kind -> [T] slots of the new rows (slot attention) or None
+        if self.slot_attention:
+            for kind in masks:
+                if kind == FULL:
+                    slots[kind] = position_ids[0]
+                elif self.sliding_ring is not None:
+                    slots[kind] = position_ids[0] % self.sliding_ring
+            masks = {kind: m if slots[kind] is None else slot_mask(m, slots[kind]) for kind, m in masks.items()}
+        grouped = {}  # (kind, group count) -> group_mask of that kind's [1, 1, T, S] mask (slot attention)
         cache_index = {layer: i for i, layer in enumerate(self.cached_layers)}
         shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         new_k, new_v = [], []
@@ -409,10 +426,10 @@ class Transformer(nn.Module):
             i = cache_index.get(layer)
             mask = masks[kind]
             if slots[kind] is not None:
-                groups = self.cfg.num_heads // self.cfg.kv_heads[layer]
-                if groups not in grouped:
-                    grouped[groups] = group_mask(mask, groups)
-                mask = grouped[groups]
+                key = (kind, self.cfg.num_heads // self.cfg.kv_heads[layer])
+                if key not in grouped:
+                    grouped[key] = group_mask(mask, key[1])
+                mask = grouped[key]
             caches = (k_caches[i], v_caches[i]) if i is not None else (None, None)
             if pending:
                 x, delta, new = block.forward_pending(x, delta, rope[kind], mask, *caches, shared, slots[kind])

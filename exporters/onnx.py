@@ -12,8 +12,9 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
     in its slot's column (slot == position; the new V rows are written into a copy of the bound V cache, the
     new keys' scores into the cache scores), so a verify pass reproduces T=1 decode steps bit for bit; this
     costs one copy of the bound V prefix per layer and step (measured in docs/architecture.md). Sliding
-    layers keep the split cache / new-row form (a ring can hold keys an earlier row of the same verify still
-    needs), so Gemma-4 targets are not batch-invariant there (a strict-xfail test pins the gap);
+    layers do the same in ring slots (slot = position % ring): the bundle caps the tokens per forward
+    (`max_pass`, default 64) and its rings hold W + max_pass - 1 keys, so that no new key of a forward
+    evicts one an earlier row of the same forward still reads (`kv.ring_slots`);
   * with the dynamo exporter the target uses onnxruntime's fused RotaryEmbedding (rope tables of max_context
     rows) and SkipSimplifiedLayerNormalization (residual add + RMSNorm) kernels and packed q/k/v and gate/up
     projections (`Transformer.use_fused_ops`; SmolLM2 int8: 1,383 -> 805 nodes per step, ~15-20% faster
@@ -217,7 +218,9 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
     s_dims = {kind: torch.export.Dim(kv.slots_dim(kind), min=1, max=layout.slots(kind)) for kind in kinds}
     dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in kinds),
                tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"))
-    model.slot_attention = True  # batch-invariant full attention (edge_spec.model.attend_slots)
+    model.slot_attention = True  # batch-invariant attention (edge_spec.model.attend_slots)
+    if kv.SLIDING in kinds and layout.max_pass is not None:  # ring slots; a layout without a cap keeps the split form
+        model.sliding_ring = layout.slots(kv.SLIDING)
     if exporter == "dynamo":  # onnxruntime's fused rotary / skip-norm kernels (TorchScript cannot emit them)
         model.use_fused_ops(layout.max_context)
     try:
@@ -226,6 +229,7 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
         return proto
     finally:
         model.slot_attention = False
+        model.sliding_ring = None
         model.use_fused_ops(None)
 
 
@@ -518,17 +522,27 @@ def export_steps(with_drafter: bool) -> int:
 
 def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
                   drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
-                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, exporter: str = "dynamo",
+                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None, exporter: str = "dynamo",
                   progress: Callable[[str], None] | None = None) -> Path:
     """Export `target` (+ `drafter`) to an ONNX bundle at `out`, atomically. `progress(step)` is called before
-    each step (the CLI feeds a tqdm bar)."""
+    each step (the CLI feeds a tqdm bar).
+
+    `max_pass`: the most tokens one forward of the target graph may carry (prefill chunk, verify pass), for
+    targets with sliding-window layers, whose rings get W + max_pass - 1 slots (default: 64, or
+    max_draft_len + 1 if larger); full-attention-only targets take any T and record no cap."""
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
     if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
         raise ConfigError(f"max_draft_len must be an integer >= 1, got {max_draft_len!r}")
+    if max_pass is None:
+        max_pass = max(kv.DEFAULT_MAX_PASS, max_draft_len + 1)
+    if isinstance(max_pass, bool) or not isinstance(max_pass, int) or max_pass < max_draft_len + 1:
+        raise ConfigError(f"max_pass must be an integer >= max_draft_len + 1 = {max_draft_len + 1} (a verify pass "
+                          f"carries the last token and every draft), got {max_pass!r}",
+                          f"use --max-pass {max(kv.DEFAULT_MAX_PASS, max_draft_len + 1)}, or lower --max-draft-len")
     cfg = target.config
     max_context = max_context or min(2048, cfg.max_position_embeddings)
-    layout = kv_layout(cfg, max_context)
+    layout = kv_layout(cfg, max_context, max_pass)
     sources = check_pair(cfg, drafter.cfg) if drafter is not None else None
     step = progress or (lambda name: None)
 

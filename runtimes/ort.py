@@ -216,8 +216,9 @@ class OrtBackend:
         t = input_ids.shape[1]
         for kind in self.layout.kinds():
             used = min(n_cached, self.layout.slots(kind))  # slots >= used are empty (see kv.KVState.rewind)
-            # full-attention graphs write the new rows into slots used..used+t-1 of the bound prefix
-            self._fit(kind, used, used + t if kind == kv.FULL else used)
+            # the graph writes the new rows into their slots (position, or position % ring): until a ring wraps
+            # these are slots used..used+t-1 of the bound prefix (a split-form graph just gets a few more slots)
+            self._fit(kind, used, used + t)
             self.used[kind] = used
         if t > self.buffers.t_cap:
             self.buffers = _Buffers(max(t, 2 * self.buffers.t_cap), self.layout, self.vocab, self.hidden_size)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from edge_spec.errors import ContextOverflowError, KVStateError
-from edge_spec.kv import FULL, SLIDING, CacheSpec, KVLayout, KVState, attention_mask, commit_slots
+from edge_spec.errors import ConfigError, ContextOverflowError, KVStateError
+from edge_spec.kv import FULL, SLIDING, CacheSpec, KVLayout, KVState, attention_mask, commit_slots, ring_slots
 
 V = 0.0  # visible
 X = np.float32(-1e30)  # masked
@@ -78,3 +78,42 @@ def test_rewind_out_of_range_and_overflow():
         state.rewind(4)
     with pytest.raises(ContextOverflowError, match="context overflow"):
         state.masks(6)
+
+
+def _overwrites_a_visible_key(window: int, slots: int, max_pass: int, positions: int = 80) -> bool:
+    """Does some forward of T <= max_pass tokens, writing its new keys into ring slots (position % slots) before
+    attending, overwrite a cached key that one of its own rows still sees?"""
+    for p in range(positions):
+        for t in range(1, max_pass + 1):
+            written = {(p + i) % slots: p + i for i in range(t)}
+            for q in range(p, p + t):
+                for key in range(max(0, q - window + 1), p):  # cached keys row q sees
+                    if written.get(key % slots, key) != key:
+                        return True
+    return False
+
+
+@pytest.mark.parametrize("window,max_pass", [(6, 9), (4, 2), (3, 17), (6, 1)])
+def test_ring_slots_hold_every_key_a_capped_forward_reads(window, max_pass):
+    """W + max_pass - 1 slots (at least W + 1, for the drafter) are enough, and one slot fewer is not."""
+    slots = ring_slots(window, 10_000, max_pass)
+    assert slots == window + max(2, max_pass) - 1
+    assert not _overwrites_a_visible_key(window, slots, max_pass)
+    if max_pass >= 2:
+        assert _overwrites_a_visible_key(window, slots - 1, max_pass)
+    assert ring_slots(window, 10_000) == window + 1  # no cap: the drafter's W + 1
+    assert ring_slots(window, 5, max_pass) == 5  # never more than the context
+
+
+def test_layout_cap_refuses_long_forwards_and_survives_a_smaller_context():
+    layout = KVLayout((CacheSpec(0, FULL, 1, 2, 64, None), CacheSpec(1, SLIDING, 1, 2, ring_slots(4, 64, 8), 4)), 64, 8)
+    state = KVState(layout)
+    state.masks(8)
+    with pytest.raises(ConfigError, match="8 tokens per pass"):
+        state.masks(9)
+    small = layout.with_context(10)
+    assert small.max_pass == 8 and small.slots(SLIDING) == 10 and small.slots(FULL) == 10
+    assert KVLayout.from_json(layout.to_json()) == layout
+    legacy = layout.to_json()
+    del legacy["max_pass"]  # schema-1 manifests
+    assert KVLayout.from_json(legacy).max_pass is None

@@ -60,7 +60,8 @@ def gemma(tiny_gemma4, tmp_path_factory):
     """Tiny Gemma-4 (sliding rings, KV sharing, per-layer inputs) + a dense-head drafter with its own table."""
     target = checkpoints.load(str(tiny_gemma4[0]))
     drafter = tiny_drafter(target.config, clustered=False)
-    folder = export_bundle(target, tmp_path_factory.mktemp("b") / "gemma", drafter=drafter, max_context=96)
+    # passes of <= 9 tokens: rings of 6 + 9 - 1 = 14 slots, so the tests wrap them many times
+    folder = export_bundle(target, tmp_path_factory.mktemp("b") / "gemma", drafter=drafter, max_context=96, max_pass=9)
     return folder, target, drafter
 
 
@@ -94,7 +95,7 @@ def test_target_logits_match_eager_through_buckets_commits_and_rewinds(pair, mon
         ours.commit(n)
         ref.commit(n)
         if step in (12, 30):  # a rewind that every ring still allows, then keep going
-            back = ours.length - 2  # gemma: a 7-slot ring for window 6 allows 2
+            back = ours.length - 2  # gemma: a 14-slot ring for window 6 allows 9
             ours.rewind(back)
             ref.rewind(back)
     assert worst <= LOGITS_TOL
@@ -278,26 +279,62 @@ def test_verify_rows_are_bit_identical_to_decode_steps(llama, tmp_path, precisio
         assert np.array_equal(np.stack(steps), verify), f"rows differ at start {start}, T {t}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap: sliding-window layers keep the split cache / new-row attention "
-                   "(docs/architecture.md, 'Exactness of quantized bundles'); strict, so a fix shows up here")
-def test_gemma_sliding_layers_verify_rows_equal_decode_steps(gemma, tmp_path):
-    """The same property on a Gemma-4 target: its sliding-window layers are not batch-invariant yet (measured: int4
-    logits differ by up to ~4 between a verify pass and T=1 steps), so greedy speculative == plain is not
-    guaranteed for quantized Gemma-4 bundles. Each window is re-prefilled (rewinding across a ring eviction is
-    refused by design)."""
-    folder = export_bundle(gemma[1], tmp_path / "int4", precision="int4", max_context=96)
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_gemma_sliding_layers_verify_rows_are_bit_identical_to_decode_steps(gemma, tmp_path, precision):
+    """The same property on a Gemma-4 target (sliding rings, KV sharing): its sliding layers attend over ring
+    slots too (slot = position % 14 here). Before that, int4 logits differed by up to ~4 between a verify pass and
+    T=1 steps. Windows: inside the ring, wrapping around within the pass, and a pass of the cap (9 tokens)."""
+    folder, target, _ = gemma
+    if precision != "fp32":
+        folder = export_bundle(target, tmp_path / precision, precision=precision, max_context=96, max_pass=9)
     session = load_bundle(folder, threads=2).session
-    ids = prompt_ids(70, seed=5)
-    for start, t in ((58, 6), (40, 2), (64, 4)):
+    assert session.state.layout.slots(kv.SLIDING) == 14
+    ids = prompt_ids(80, seed=5)
+    for start, t in ((58, 6), (53, 6), (40, 2), (64, 4), (26, 9)):
         session.reset()
         session.prefill(ids[:start])
         steps = []
         for token in ids[start:start + t]:
             steps.append(session.forward([token]).logits[0])
             session.commit(1)
-        session.reset()
-        session.prefill(ids[:start])
-        assert np.array_equal(np.stack(steps), session.forward(ids[start:start + t]).logits), f"start {start}, T {t}"
+        session.rewind(start)  # a 14-slot ring still holds every key a query at `start` sees
+        verify = session.forward(ids[start:start + t]).logits
+        assert np.array_equal(np.stack(steps), verify), f"rows differ at start {start}, T {t}"
+    # end to end: bursts of 4 mostly-right drafts (accepted and rejected ones) reproduce plain greedy decoding
+    prompt = prompt_ids(11, seed=1)
+    expected = generate_plain(session, prompt, max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0),
+                              stop_ids=frozenset()).tokens
+    out = generate_speculative(session, ScriptedDrafter(expected, len(prompt)), prompt, max_new_tokens=60,
+                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
+    assert out.tokens == expected and out.extra["spec"].tau > 1.5
+
+
+def test_sliding_targets_cap_the_tokens_per_pass(gemma, llama, tmp_path):
+    """A bundle with sliding rings refuses a forward longer than its cap (the rings are sized for it) and chunks
+    prefill under it; full-attention-only bundles record no cap. A cap below a verify pass is refused at export."""
+    engine = load_bundle(gemma[0])
+    assert engine.session.state.layout.max_pass == 9
+    with pytest.raises(ConfigError, match="9 tokens per pass"):
+        engine.session.forward(prompt_ids(10))
+    out = engine.session.prefill(prompt_ids(30))  # 4 chunks of <= 9
+    assert engine.session.length == 30 and out.logits.shape[0] == 1
+    assert load_bundle(llama[0]).session.state.layout.max_pass is None
+    with pytest.raises(ConfigError, match="max_pass must be"):
+        export_bundle(gemma[1], tmp_path / "x", max_pass=4)  # max_draft_len 8 needs passes of 9
+    assert not (tmp_path / "x").exists()
+
+
+def test_schema_1_bundles_still_load(llama, tmp_path):
+    """Bundles written before `max_pass` (schema 1: no cap; sliding layers in split form) keep loading."""
+    folder = tmp_path / "old"
+    shutil.copytree(llama[0], folder)
+    raw = json.loads((folder / MANIFEST).read_text())
+    raw["schema_version"] = 1
+    del raw["kv"]["layout"]["max_pass"]
+    (folder / MANIFEST).write_text(json.dumps(raw))
+    engine = load_bundle(folder)
+    assert engine.session.state.layout.max_pass is None
+    assert len(engine.generate(prompt_ids(5), max_new_tokens=4, speculative=False).tokens) == 4
 
 
 def test_untied_target_with_a_target_head_drafter_gets_its_output_table(tmp_path):
@@ -327,7 +364,7 @@ def test_manifest_round_trip_and_contents(llama):
     manifest = read_manifest(folder)
     raw = json.loads((folder / MANIFEST).read_text())
     assert Manifest.from_json(raw).to_json() == raw
-    assert raw["schema_version"] == 1 and raw["format"] == "onnx" and raw["precision"] == "fp32"
+    assert raw["schema_version"] == 2 and raw["format"] == "onnx" and raw["precision"] == "fp32"
     assert manifest.vocab_size == 320 and manifest.max_context == 160 and manifest.max_draft_len == 8
     assert manifest.drafter.kv_sharing == {"full": 2} and manifest.drafter.head_from == "target"
     assert manifest.eos_token_ids == (2,) and "im_start" in manifest.chat_template
