@@ -113,6 +113,34 @@ def test_training_reduces_loss_and_resumes(peaky_llama, corpus, tmp_path, shard_
     assert again["steps"] == 45 and len(ckpt["history"]) == 45
 
 
+def test_cached_shards_are_checked_against_tokens_layers_and_target(peaky_llama, tiny_llama, tmp_path):
+    """A shard is reused only for the same token rows and source layers; a work folder of another target is
+    refused (its regenerated text and activations would be that target's)."""
+    from edge_spec.train.pipeline import check_work_target, make_shards
+
+    loaded = checkpoints.load(str(peaky_llama))
+    seqs = np.random.default_rng(0).integers(4, 300, (3, 16))
+    folder = tmp_path / "shards"
+    [path] = make_shards(loaded, seqs, [2], folder, dtype=torch.float32)
+    stamp = path.stat().st_mtime_ns
+    make_shards(loaded, seqs, [2], folder, dtype=torch.float32)
+    assert path.stat().st_mtime_ns == stamp  # same rows, same layers: reused
+    other = seqs.copy()
+    other[1, 5] += 1  # same shape, one token different: recomputed
+    make_shards(loaded, other, [2], folder, dtype=torch.float32)
+    with np.load(path) as z:
+        assert np.array_equal(z["tokens"], other)
+    make_shards(loaded, other, [1, 2], folder, dtype=torch.float32)  # another source layer
+    with np.load(path) as z:
+        assert {"k_1", "v_1", "k_2", "v_2"} <= set(z.files)
+    work = tmp_path / "work"
+    work.mkdir()
+    check_work_target(work, loaded)
+    check_work_target(work, loaded)  # same target: fine
+    with pytest.raises(ConfigError, match="another target"):
+        check_work_target(work, checkpoints.load(str(tiny_llama[0])))
+
+
 def test_eval_drafter_cli_writes_tau_and_acceptance(tiny_llama, tmp_path, capsys):
     loaded = checkpoints.load(str(tiny_llama[0]))
     from edge_spec.drafter import save_drafter

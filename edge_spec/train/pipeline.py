@@ -7,6 +7,7 @@ interrupted run resumes where it stopped (training resumes from its last checkpo
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -76,14 +77,17 @@ def chat_sequences(loaded: LoadedModel, prompts: list[str], *, max_new_tokens: i
 
 def make_shards(loaded: LoadedModel, sequences: np.ndarray, source_layers: list[int], folder: Path, *,
                 dtype, shard_seqs: int = 128, bits: int = 16) -> list[Path]:
-    """Teacher activations of `sequences`, `shard_seqs` per npz file: fp16, or 4-bit Hadamard codes (bits=4)."""
+    """Teacher activations of `sequences`, `shard_seqs` per npz file: fp16, or 4-bit Hadamard codes (bits=4).
+
+    A cached shard is reused only if it holds exactly these token rows and every source layer's K/V (another
+    --data / --max-tokens or drafter layout recomputes it); the work folder's target is checked by `run`."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     bar = tqdm(total=len(sequences), desc=f"teacher pass ({folder.name})", unit="seq")
     for i, start in enumerate(range(0, len(sequences), shard_seqs)):
         path = folder / f"shard_{i:04d}.npz"
         chunk = sequences[start:start + shard_seqs]
-        if path.exists() and _shard_rows(path) != len(chunk):  # a partial last shard of a smaller earlier run
+        if path.exists() and not _shard_matches(path, chunk, source_layers):
             path.unlink()
             top_sidecar(path).unlink(missing_ok=True)
         if not path.exists():
@@ -101,9 +105,32 @@ def make_shards(loaded: LoadedModel, sequences: np.ndarray, source_layers: list[
     return paths
 
 
-def _shard_rows(path: Path) -> int:
-    with np.load(path) as z:
-        return int(z["tokens"].shape[0])
+def _shard_matches(path: Path, chunk: np.ndarray, source_layers: list[int]) -> bool:
+    try:
+        with np.load(path) as z:  # npz members load lazily: only the token rows are read
+            return (np.array_equal(z["tokens"], chunk)
+                    and all(f"{kv}_{l}" in z.files for l in source_layers for kv in "kv"))
+    except (OSError, ValueError, KeyError):  # a damaged file is recomputed
+        return False
+
+
+def check_work_target(work: Path, loaded: LoadedModel) -> None:
+    """A work folder caches one target's regenerated text and activations: refuse to mix in another target's."""
+    from ..manifest import content_id
+
+    stamp = work / "target.json"
+    ident = content_id(loaded.config.raw, loaded.model.state_dict())
+    if stamp.exists():
+        recorded = json.loads(stamp.read_text())
+        if recorded.get("content_sha256") != ident:
+            raise ConfigError(f"work folder {work} holds the cached data of another target ({recorded.get('name')}, "
+                              f"{str(recorded.get('content_sha256'))[:12]}); this target is {loaded.name} ({ident[:12]})",
+                              "pass a fresh --work folder (or delete that one) for this target")
+        return
+    if any(work.glob("shards*")) or any(work.glob("*.jsonl")):  # written before targets were recorded
+        print(f"warning: work folder {work} has no recorded target; its cached data is assumed to be "
+              f"{loaded.name}'s from now on (use a fresh --work folder if it is not)", file=sys.stderr)
+    stamp.write_text(json.dumps({"name": loaded.name, "content_sha256": ident}))
 
 
 def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 400_000, chat_batch: int = 16,
@@ -115,6 +142,7 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
     started = time.perf_counter()
     work = work or out.parent / f"{out.name}.work"
     work.mkdir(parents=True, exist_ok=True)
+    check_work_target(work, loaded)
     dtype = autocast_dtype()
     cfg = loaded.config
     if init is not None:  # warm start: the initial drafter's shape and vocabulary clustering win
