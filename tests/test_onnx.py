@@ -499,6 +499,7 @@ def test_cli_export_and_generate_bundle(tiny_llama, tmp_path, capsys):
     (["generate", "--bundle", "{bundle}", "--provider", "coreml", "--prompt", "hi"], "not available"),
     (["generate", "--bundle", "{bundle}", "--ep", "qnn", "--prompt", "hi"], "not available"),
     (["export", "--model", "{model}", "--out", "{nonbundle}"], "refusing to overwrite"),
+    (["export", "--model", "{model}", "--max-pass", "4", "--out", "{nonbundle}/b"], "max_pass must be"),
 ])
 def test_cli_errors_exit_2(llama, tiny_llama, tmp_path, capsys, args, message):
     (tmp_path / "notes").mkdir()
