@@ -534,12 +534,12 @@ def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | No
         raise ConfigError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
     if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
         raise ConfigError(f"max_draft_len must be an integer >= 1, got {max_draft_len!r}")
-    if max_pass is None:
-        max_pass = max(kv.DEFAULT_MAX_PASS, max_draft_len + 1)
+    default_pass = max(kv.DEFAULT_MAX_PASS, max_draft_len + 1)
+    max_pass = default_pass if max_pass is None else max_pass
     if isinstance(max_pass, bool) or not isinstance(max_pass, int) or max_pass < max_draft_len + 1:
         raise ConfigError(f"max_pass must be an integer >= max_draft_len + 1 = {max_draft_len + 1} (a verify pass "
                           f"carries the last token and every draft), got {max_pass!r}",
-                          f"use --max-pass {max(kv.DEFAULT_MAX_PASS, max_draft_len + 1)}, or lower --max-draft-len")
+                          f"use --max-pass {default_pass}, or lower --max-draft-len")
     cfg = target.config
     max_context = max_context or min(2048, cfg.max_position_embeddings)
     layout = kv_layout(cfg, max_context, max_pass)
