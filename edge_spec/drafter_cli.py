@@ -55,6 +55,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--bundle", default=None,
                     help="evaluate an exported bundle's target + drafter with onnxruntime instead (much faster on CPU)")
     ev.add_argument("--no-spin", action="store_true", help="with --bundle: idle onnxruntime threads sleep (shared cores)")
+    ev.add_argument("--teacher-forced", action="store_true",
+                    help="eager, greedy: also score the drafter on every generated position fed the true tokens, as "
+                         "training sees it (a live acceptance far below it would mean a train/inference mismatch)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -96,13 +99,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     results = []
     for temperature in args.temperature:
         for k in args.spec_k:
-            r = evaluate(engine, prompts, k=k, temperature=temperature, max_new_tokens=args.max_new_tokens)
+            r = evaluate(engine, prompts, k=k, temperature=temperature, max_new_tokens=args.max_new_tokens,
+                         teacher_forced=args.teacher_forced)
             r.update(runtime=engine.runtime, precision=engine.manifest.precision if engine.manifest else "fp32",
                      drafter=engine.manifest.drafter.name if engine.manifest else args.drafter)
             results.append(r)
             acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
             kinds = " ".join(f"{name}={v['tau']:.2f}" for name, v in sorted(r["by_kind"].items()))
-            print(f"k={k} T={temperature}: tau {r['tau']:.2f} | accept by pos [{acc}] | by kind: {kinds}")
+            tf = ""
+            if "teacher_forced_by_position" in r:
+                tf = " | teacher-forced [" + " ".join(f"{a:.2f}" for a in r["teacher_forced_by_position"] if a is not None) + "]"
+            print(f"k={k} T={temperature}: tau {r['tau']:.2f} | accept by pos [{acc}]{tf} | by kind: {kinds}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -141,6 +141,38 @@ def test_cached_shards_are_checked_against_tokens_layers_and_target(peaky_llama,
         check_work_target(work, checkpoints.load(str(tiny_llama[0])))
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_teacher_forced_predictions_are_what_a_burst_proposes(tiny_llama, tiny_gemma4, family):
+    """The batched teacher-forced drafter (eval-drafter --teacher-forced) proposes, at every anchor and step, the
+    same token as a real TorchDrafter burst started at that anchor and fed the true tokens (same inputs,
+    positions, masks - sliding rings included - and head)."""
+    from edge_spec.runtimes.torch import TorchDrafter
+    from edge_spec.train.evaluate import teacher_forced_predictions
+
+    folder = tiny_llama[0] if family == "llama" else tiny_gemma4[0]
+    loaded = checkpoints.load(str(folder))
+    kwargs = dict(head_from="target") if family == "llama" else dict(clustered=False)
+    drafter = new_drafter(loaded.config, hidden_size=32, num_layers=2, intermediate_size=64, num_centroids=16,
+                          top_k_clusters=4, seed=3, **kwargs).eval()
+    sources = check_pair(loaded.config, drafter.cfg)
+    seq = np.random.default_rng(1).integers(4, 300, 30)
+    steps, first = 3, 12
+    preds = teacher_forced_predictions(loaded.model, drafter, sources, seq, first, steps)
+    assert preds.shape == (steps, len(seq) - steps - first)
+    backend = TorchBackend(loaded.model, kv_layout(loaded.config, 64))
+    session, runner = Session(backend), TorchDrafter(drafter, backend, sources)
+    for i, anchor in enumerate(range(first, len(seq) - steps)):
+        session.reset()
+        out = session.prefill(seq[:anchor].tolist())  # cache = positions < anchor, hidden = H[anchor - 1]
+        runner.begin(session.length, session.state.drafter_masks(), session.length)
+        hidden = out.hidden[-1]
+        for j in range(1, steps + 1):
+            step = runner.step(int(seq[anchor + j - 1]), hidden)
+            best = step.logits.max()
+            assert int(step.token_ids[step.logits == best].min()) == preds[j - 1, i], (anchor, j)
+            hidden = step.hidden
+
+
 def test_eval_drafter_cli_writes_tau_and_acceptance(tiny_llama, tmp_path, capsys):
     loaded = checkpoints.load(str(tiny_llama[0]))
     from edge_spec.drafter import save_drafter
@@ -157,6 +189,14 @@ def test_eval_drafter_cli_writes_tau_and_acceptance(tiny_llama, tmp_path, capsys
     assert len(rows) == 4 and {r["k"] for r in rows} == {1, 2}
     for r in rows:
         assert r["tau"] >= 1.0 and len(r["acceptance_by_position"]) == r["k"] and "docs" in r["by_kind"]
+    code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder), "--prompts", str(prompts),
+                 "--max-new-tokens", "12", "--spec-k", "2", "--teacher-forced", "--json", str(out)])
+    assert code == 0 and "teacher-forced [" in capsys.readouterr().out
+    [row] = json.loads(out.read_text())
+    assert len(row["teacher_forced_by_position"]) == 2 and all(0 <= a <= 1 for a in row["teacher_forced_by_position"])
+    code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder), "--prompts", str(prompts),
+                 "--temperature", "0.7", "--teacher-forced"])
+    assert code == 2 and "--temperature 0" in capsys.readouterr().err
     (tmp_path / "bad.jsonl").write_text('{"text": "no prompt field"}\n')
     code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder),
                  "--prompts", str(tmp_path / "bad.jsonl")])

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..kv import NEG_INF, drafter_window
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "heldout.jsonl"
 
@@ -36,18 +37,41 @@ def read_prompts(path: Path) -> list[dict]:
 
 
 def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, max_new_tokens: int = 128,
-             seed: int = 0, progress: bool = True) -> dict:
-    """Aggregate speculative stats over prompts, overall and per kind."""
+             seed: int = 0, progress: bool = True, teacher_forced: bool = False) -> dict:
+    """Aggregate speculative stats over prompts, overall and per kind. `teacher_forced` (eager runtime, greedy)
+    also scores the drafter on every position of the generated text fed the true tokens
+    (`teacher_forced_predictions`): `teacher_forced_by_position` next to the live `acceptance_by_position`."""
     from tqdm.auto import tqdm
 
+    if teacher_forced:
+        if engine.runtime != "torch" or engine.drafter is None:
+            raise ConfigError("--teacher-forced runs the eager target and drafter",
+                              "evaluate a checkpoint pair (--model/--drafter), not a --bundle")
+        if temperature != 0.0:
+            raise ConfigError("--teacher-forced compares with the target's greedy tokens", "use --temperature 0")
+        from ..drafter import check_pair
+
+        model, drafter = engine.loaded.model, engine.drafter.drafter
+        sources = check_pair(engine.loaded.config, drafter.cfg)
     groups: dict[str, dict] = {}
     for i, row in enumerate(tqdm(prompts, desc=f"eval k={k} T={temperature}", disable=not progress)):
-        result = engine.generate(row["prompt"], chat=row["chat"], max_new_tokens=max_new_tokens,
+        prompt_ids = engine.encode(row["prompt"], chat=row["chat"])
+        result = engine.generate(prompt_ids, max_new_tokens=max_new_tokens,
                                  temperature=temperature, seed=seed + i, spec_k=k, speculative=True)
         stats = result.extra["spec"]
+        agree = count = np.zeros(k)
+        if teacher_forced:
+            seq = np.array(prompt_ids + result.tokens, dtype=np.int64)
+            preds = teacher_forced_predictions(model, drafter, sources, seq, len(prompt_ids), k)  # [k, n]
+            anchors = np.arange(len(prompt_ids), len(seq) - k)
+            agree = np.array([(preds[j - 1] == seq[anchors + j]).sum() for j in range(1, k + 1)], dtype=float)
+            count = np.full(k, float(len(anchors)))
         for name in ("all", row["kind"]):
             g = groups.setdefault(name, {"emitted": 0, "passes": 0, "drafted": np.zeros(k), "accepted": np.zeros(k),
-                                         "prompts": 0, "drafter_s": 0.0, "target_s": 0.0})
+                                         "prompts": 0, "drafter_s": 0.0, "target_s": 0.0,
+                                         "tf_agree": np.zeros(k), "tf_count": np.zeros(k)})
+            g["tf_agree"] += agree
+            g["tf_count"] += count
             g["emitted"] += stats.emitted_by_passes
             g["passes"] += stats.target_calls
             g["drafted"] += stats.drafted
@@ -60,8 +84,55 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
         entry = {"prompts": g["prompts"], "tau": g["emitted"] / max(g["passes"], 1),
                  "acceptance_by_position": [float(a / d) if d else None for a, d in zip(g["accepted"], g["drafted"])],
                  "drafter_time_share": g["drafter_s"] / max(g["drafter_s"] + g["target_s"], 1e-9)}
+        if teacher_forced:
+            entry["teacher_forced_by_position"] = [float(a / c) if c else None for a, c in zip(g["tf_agree"], g["tf_count"])]
         if name == "all":
             out.update(entry)
         else:
             out["by_kind"][name] = entry
     return out
+
+
+def teacher_forced_predictions(model, drafter, sources: dict[str, int], seq: np.ndarray, first: int,
+                               steps: int) -> np.ndarray:
+    """What the drafter proposes at every anchor of `seq` when fed the *true* tokens, as training sees it.
+
+    seq: [N] token ids; anchors L = first .. N - 1 - steps (cache = positions < L, bonus token seq[L]); draft step j
+    gets (embedding of seq[L + j - 1], the previous step's hidden; H[L - 1] first) at position L, exactly what a
+    speculative burst at L feeds it when its drafts so far were right. Returns [steps, n_anchors] proposed ids (the
+    runtime's choice: argmax over the candidates, lowest id on ties). On a greedy continuation, entry [j - 1, i]
+    == seq[L_i + j] is the draft the target accepts, so the mean per step is the acceptance a live run would see
+    if every position were drafted (tests/test_train.py checks the proposals against TorchDrafter bursts)."""
+    import torch
+
+    from .teacher import extract
+
+    ex = extract(model, seq[None], sorted(set(sources.values())), dtype=torch.float32, batch=1, store=np.float32)
+    hidden = torch.from_numpy(ex["hidden"][0])  # [N, Ht]
+    kv = {kind: (torch.from_numpy(ex[f"k_{l}"]), torch.from_numpy(ex[f"v_{l}"])) for kind, l in sources.items()}
+    anchors = torch.arange(first, len(seq) - steps)  # [n]
+    keys = torch.arange(len(seq))[None]  # [1, N]
+    masks = {}
+    for kind in sources:
+        window = drafter_window(model.cfg.sliding_window if kind == "sliding" else None)
+        ok = keys < anchors[:, None]
+        if window is not None:
+            ok &= (anchors[:, None] - keys) < window
+        masks[kind] = torch.where(ok, 0.0, float(NEG_INF))[None, None]  # [1, 1, n, N]
+    table = model.lm_head.weight if drafter.cfg.head_from == "target" else drafter.lm_head.weight
+    ids = torch.from_numpy(seq.astype(np.int64))
+    prev, out = hidden[anchors - 1][None], []
+    with torch.no_grad():
+        for j in range(1, steps + 1):
+            h, projected = drafter.states(model.embed(ids[anchors + j - 1][None]), prev, anchors[None], masks, kv)
+            flat = projected[0] if drafter.cfg.head_from == "target" else h[0]  # [n, d]
+            picks = []
+            for row in flat:
+                if drafter.masked_embedding is not None:
+                    cand, logits = drafter.masked_embedding(row, table)
+                else:
+                    cand, logits = torch.arange(table.shape[0]), table @ row
+                picks.append(int(cand[logits == logits.max()].min()))
+            out.append(picks)
+            prev = projected
+    return np.array(out, dtype=np.int64).reshape(steps, len(anchors))

@@ -98,8 +98,9 @@ def batched_greedy(model: Transformer, prompts: list[list[int]], *, max_new_toke
 
 @torch.no_grad()
 def extract(model: Transformer, sequences: np.ndarray, source_layers: list[int], *, dtype: torch.dtype,
-            batch: int = 8) -> dict[str, np.ndarray]:
-    """sequences: [N, T] int -> hidden [N, T, H] and, per source layer l, k_l / v_l [N, H_kv, T, D] (fp16).
+            batch: int = 8, store: type = np.float16) -> dict[str, np.ndarray]:
+    """sequences: [N, T] int -> hidden [N, T, H] and, per source layer l, k_l / v_l [N, H_kv, T, D] (`store`:
+    fp16 for shards, fp32 for exact evaluation).
 
     `hidden` is the target's final hidden state (after the final norm) at every position."""
     cfg = model.cfg
@@ -119,10 +120,10 @@ def extract(model: Transformer, sequences: np.ndarray, source_layers: list[int],
         pos = torch.arange(t)[None].expand(bsz, t)
         empty = [torch.zeros(bsz, cfg.kv_heads[l], 0, cfg.head_dims[l], dtype=dtype) for l in cached]
         out = model(ids, pos, masks, empty, list(empty), with_logits=False)
-        out_h.append(out.hidden.float().half().numpy())
+        out_h.append(out.hidden.float().numpy().astype(store))
         for l in source_layers:
-            out_k[l].append(out.new_k[cached.index(l)].float().half().numpy())
-            out_v[l].append(out.new_v[cached.index(l)].float().half().numpy())
+            out_k[l].append(out.new_k[cached.index(l)].float().numpy().astype(store))
+            out_v[l].append(out.new_v[cached.index(l)].float().numpy().astype(store))
     result = {"hidden": np.concatenate(out_h)}
     for l in source_layers:
         result[f"k_{l}"] = np.concatenate(out_k[l])
