@@ -217,6 +217,8 @@ class SpecStats:
         return self.emitted_by_passes / self.target_calls if self.target_calls else 0.0
 
     def acceptance_by_position(self) -> list[float | None]:
+        """Per draft position j: of the bursts that drafted position j, the fraction whose first j drafts were all
+        accepted (cumulative, not conditional on reaching j: tau = 1 + sum at a fixed k)."""
         return [float(a / d) if d else None for a, d in zip(self.accepted, self.drafted)]
 
     def to_dict(self) -> dict:

@@ -38,9 +38,12 @@ def read_prompts(path: Path) -> list[dict]:
 
 def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, max_new_tokens: int = 128,
              seed: int = 0, progress: bool = True, teacher_forced: bool = False) -> dict:
-    """Aggregate speculative stats over prompts, overall and per kind. `teacher_forced` (eager runtime, greedy)
-    also scores the drafter on every position of the generated text fed the true tokens
-    (`teacher_forced_predictions`): `teacher_forced_by_position` next to the live `acceptance_by_position`."""
+    """Aggregate speculative stats over prompts, overall and per kind.
+
+    `acceptance_by_position[j-1]` = the fraction of bursts whose first j drafts were all accepted (cumulative:
+    tau = 1 + their sum at full k). `teacher_forced` (eager runtime, greedy) also scores the drafter at every
+    position of the generated text fed the true tokens (`teacher_forced_predictions`): `teacher_forced_by_position`
+    has the same cumulative definition, over all positions instead of the ones a live run drafts at."""
     from tqdm.auto import tqdm
 
     if teacher_forced:
@@ -64,7 +67,8 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
             seq = np.array(prompt_ids + result.tokens, dtype=np.int64)
             preds = teacher_forced_predictions(model, drafter, sources, seq, len(prompt_ids), k)  # [k, n]
             anchors = np.arange(len(prompt_ids), len(seq) - k)
-            agree = np.array([(preds[j - 1] == seq[anchors + j]).sum() for j in range(1, k + 1)], dtype=float)
+            right = np.stack([preds[j - 1] == seq[anchors + j] for j in range(1, k + 1)])  # [k, n]
+            agree = np.cumprod(right, axis=0).sum(axis=1).astype(float)  # steps 1..j all right, as a burst counts
             count = np.full(k, float(len(anchors)))
         for name in ("all", row["kind"]):
             g = groups.setdefault(name, {"emitted": 0, "passes": 0, "drafted": np.zeros(k), "accepted": np.zeros(k),
