@@ -171,15 +171,20 @@ class Drafter(nn.Module):
         kv: kind -> (k, v) target cache [1, H_kv, S_kind, D] of the source layer of that kind;
         target_table: the target's output embedding [V, Ht] (needed when head_from == "target")."""
         h, projected = self.states(token_embed, hidden, position_ids, masks, kv)  # [1, 1, Ha], [1, 1, Ht]
+        ids, logits = self.head(h[0, 0], projected[0, 0], target_table)
+        return DraftOutput(ids, logits, projected)
+
+    def head(self, h: torch.Tensor, projected: torch.Tensor, target_table: torch.Tensor | None):
+        """One step's candidates: h [Ha], projected [Ht] (one row of `states`) -> (ids [N], logits [N] fp32)."""
         if self.cfg.head_from == "target":
-            flat, table = projected[0, 0], target_table
+            flat, table = projected, target_table
         else:
-            flat, table = h[0, 0], self.lm_head.weight
+            flat, table = h, self.lm_head.weight
         if self.masked_embedding is not None:
             ids, logits = self.masked_embedding(flat, table)
         else:
             ids, logits = torch.arange(self.cfg.vocab_size), table @ flat
-        return DraftOutput(ids, logits.float(), projected)
+        return ids, logits.float()
 
 
 # ---- pairing with a target -----------------------------------------------------------------------

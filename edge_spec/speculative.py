@@ -122,6 +122,12 @@ def sparse_draft_distribution(step: DraftStep, params: SamplingParams) -> tuple[
     return ids, token_probs(step.logits[order], params)
 
 
+def greedy_draft(token_ids, logits) -> int:
+    """The greedy draft: the argmax over the candidates, lowest id on ties (as the dense one-hot row).
+    Works on numpy arrays (runtime steps) and torch tensors (teacher-forced evaluation)."""
+    return int(token_ids[logits == logits.max()].min())
+
+
 def confidence(step: DraftStep, token: int) -> float:
     """The drafter's own (temperature-1) probability of `token` among its candidates."""
     z = step.logits.astype(np.float64)
@@ -313,9 +319,8 @@ def _draft(drafter: DrafterBackend, session: Session, token: int, hidden: np.nda
     drafter.begin(session.length, session.state.drafter_masks(), session.length)
     for _ in range(k):
         step = drafter.step(token, hidden)
-        if fast_greedy:  # the argmax over the candidates, lowest id on ties (as the dense one-hot)
-            best = step.logits.max()
-            token = int(step.token_ids[step.logits == best].min())
+        if fast_greedy:
+            token = greedy_draft(step.token_ids, step.logits)
         else:
             ids, q = sparse_draft_distribution(step, params)
             token = int(ids[sample(q, rng)])

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from ..kv import NEG_INF, drafter_window
+from ..kv import SLIDING
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "heldout.jsonl"
 
@@ -109,34 +109,22 @@ def teacher_forced_predictions(model, drafter, sources: dict[str, int], seq: np.
     if every position were drafted (tests/test_train.py checks the proposals against TorchDrafter bursts)."""
     import torch
 
+    from ..speculative import greedy_draft
     from .teacher import extract
+    from .trainer import anchor_masks
 
     ex = extract(model, seq[None], sorted(set(sources.values())), dtype=torch.float32, batch=1, store=np.float32)
     hidden = torch.from_numpy(ex["hidden"][0])  # [N, Ht]
     kv = {kind: (torch.from_numpy(ex[f"k_{l}"]), torch.from_numpy(ex[f"v_{l}"])) for kind, l in sources.items()}
     anchors = torch.arange(first, len(seq) - steps)  # [n]
-    keys = torch.arange(len(seq))[None]  # [1, N]
-    masks = {}
-    for kind in sources:
-        window = drafter_window(model.cfg.sliding_window if kind == "sliding" else None)
-        ok = keys < anchors[:, None]
-        if window is not None:
-            ok &= (anchors[:, None] - keys) < window
-        masks[kind] = torch.where(ok, 0.0, float(NEG_INF))[None, None]  # [1, 1, n, N]
-    table = model.lm_head.weight if drafter.cfg.head_from == "target" else drafter.lm_head.weight
+    masks = {kind: anchor_masks(len(seq), len(anchors), drafter.cfg.layers.sliding_window if kind == SLIDING else None,
+                                first=first) for kind in sources}  # [1, 1, n, N]
     ids = torch.from_numpy(seq.astype(np.int64))
     prev, out = hidden[anchors - 1][None], []
     with torch.no_grad():
         for j in range(1, steps + 1):
             h, projected = drafter.states(model.embed(ids[anchors + j - 1][None]), prev, anchors[None], masks, kv)
-            flat = projected[0] if drafter.cfg.head_from == "target" else h[0]  # [n, d]
-            picks = []
-            for row in flat:
-                if drafter.masked_embedding is not None:
-                    cand, logits = drafter.masked_embedding(row, table)
-                else:
-                    cand, logits = torch.arange(table.shape[0]), table @ row
-                picks.append(int(cand[logits == logits.max()].min()))
-            out.append(picks)
+            out.append([greedy_draft(*drafter.head(h[0, i], projected[0, i], model.lm_head.weight))
+                        for i in range(len(anchors))])
             prev = projected
     return np.array(out, dtype=np.int64).reshape(steps, len(anchors))

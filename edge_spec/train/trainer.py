@@ -40,9 +40,10 @@ class TrainConfig:
     vocab_sample: int = 4096  # uniform negatives of the sampled softmax (0 = full vocabulary)
 
 
-def anchor_masks(t: int, n_anchors: int, window: int | None) -> torch.Tensor:
-    """[1, 1, n_anchors, t] additive: anchor L = 1 + i sees keys s < L (and L - s <= window + 1 if sliding)."""
-    anchors = torch.arange(1, n_anchors + 1)[:, None]
+def anchor_masks(t: int, n_anchors: int, window: int | None, first: int = 1) -> torch.Tensor:
+    """[1, 1, n_anchors, t] additive: anchor L = first + i sees keys s < L (and L - s <= window + 1 if sliding:
+    the drafter's view at run time, `kv.drafter_window`)."""
+    anchors = torch.arange(first, first + n_anchors)[:, None]
     keys = torch.arange(t)[None, :]
     ok = keys < anchors
     if window is not None:
