@@ -6,6 +6,8 @@ The same words as the CLI (`edge-spec generate --model M --prompt P --max-new-to
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -18,7 +20,9 @@ from .checkpoints import load as load_checkpoint
 from .config import kv_layout
 from .drafter import Drafter, check_pair, load_drafter
 from .errors import BundleError, CheckpointError, ConfigError
+from .gguf_import import cache_root
 from .generate import GenerationResult, check_request, generate_plain
+from .hostcheck import HostCheck, checked
 from .kv import KVLayout
 from .manifest import Manifest, content_id, read_manifest, read_table
 from .sampling import SamplingParams
@@ -57,6 +61,9 @@ class Engine:
                  drafter: DrafterBackend | None = None, runtime: str = "torch", max_draft_len: int | None = None,
                  manifest: Manifest | None = None, loaded: LoadedModel | None = None):
         self.session = session
+        # the host check (edge_spec.hostcheck): None until `check_host` ran; loaders run it when there is a drafter
+        self.exactness: HostCheck | None = None
+        self.exactness_cached = False
         self.tokenizer = tokenizer
         self.stop_ids = stop_ids
         self.vocab_size = vocab_size
@@ -70,6 +77,24 @@ class Engine:
     def max_context(self) -> int:
         return self.session.max_context
 
+    def artifact_id(self) -> str:
+        """What the host check is keyed on: the bundle's files (every sha256), or the eager model's content id."""
+        if self.manifest is not None and self.runtime != "torch":
+            digest = sorted((rel, f["sha256"]) for rel, f in self.manifest.files.items())
+            key = json.dumps([digest, self.session.state.layout.to_json()]).encode()
+            return f"bundle:{hashlib.sha256(key).hexdigest()}"
+        model = self.session.backend.model
+        return f"torch:{content_id(model.cfg.raw, model.state_dict())}:{self.session.state.layout.max_context}"
+
+    def check_host(self, *, fresh: bool = False, cache: bool = True) -> HostCheck:
+        """Probe (or read from the cache) whether this host keeps the target batch-invariant and set the session's
+        row mode from it (edge_spec.hostcheck). `fresh`: probe again even if a cached result exists."""
+        max_t = (self.max_draft_len or DEFAULT_SPEC_K) + 1
+        self.exactness, self.exactness_cached = checked(
+            self.session, self.vocab_size, artifact=self.artifact_id(), runtime=self.session.backend.identity,
+            cache_dir=cache_root() if cache else None, max_t=min(max_t, 9), fresh=fresh)
+        return self.exactness
+
     def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
         return self.tokenizer.encode_prompt(prompt, chat=chat)
 
@@ -77,11 +102,14 @@ class Engine:
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, chat: bool = False,
                  stream: Callable[[str], None] | None = None, speculative: bool | None = None,
                  spec_k: int = DEFAULT_SPEC_K, adaptive: bool = False,
-                 min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> GenerationResult:
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, allow_inexact: bool = False) -> GenerationResult:
         """Generate from a text prompt (or token ids). `stream` receives text deltas as they decode.
 
         Speculative decoding is on by default when the engine has a drafter (`speculative=False` turns
-        it off); the output distribution is the target's either way (greedy: identical tokens)."""
+        it off); the output distribution is the target's either way (greedy: identical tokens). Where the host
+        check found this host's kernels not batch-invariant, speculative decoding is replaced by plain decoding
+        and `result.extra["notice"]` says so (`allow_inexact=True` runs it anyway: benchmarks that report
+        per-prompt exactness)."""
         params = SamplingParams(temperature, top_k, top_p)  # validates before any work
         ids = list(prompt) if isinstance(prompt, list) else self.encode(prompt, chat=chat)
         check_request(ids, max_new_tokens, self.max_context)
@@ -100,6 +128,10 @@ class Engine:
         if speculative and self.drafter is None:
             raise ConfigError("speculative decoding needs a drafter",
                               "load with drafter='builtin' or a drafter folder, or export a bundle with --drafter")
+        notice = None
+        if self.drafter is not None and speculative is not False and self.exactness is not None \
+                and not self.exactness.exact and not allow_inexact:
+            notice, speculative = self.exactness.summary(), False
         if self.drafter is not None and speculative is not False:
             if self.max_draft_len is not None and isinstance(spec_k, int) and spec_k > self.max_draft_len:
                 raise ConfigError(f"spec_k {spec_k} exceeds this bundle's max draft length {self.max_draft_len}",
@@ -111,18 +143,23 @@ class Engine:
             result = generate_plain(self.session, ids, max_new_tokens=max_new_tokens, params=params, rng=rng,
                                     stop_ids=self.stop_ids, on_token=on_token)
         result.text = self.tokenizer.decode([t for t in result.tokens if t not in self.stop_ids])
+        if notice is not None:
+            result.extra["notice"] = notice
         return result
 
 
 def _torch_engine(loaded: LoadedModel, drafter: Drafter | None, layout: KVLayout, threads: int | None,
-                  prefill_chunk: int = 128, **extra) -> Engine:
+                  prefill_chunk: int = 128, host_check: bool = True, **extra) -> Engine:
     from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 
     backend = TorchBackend(loaded.model, layout, threads=threads)
     runner = TorchDrafter(drafter, backend, check_pair(loaded.config, drafter.cfg)) if drafter is not None else None
-    return Engine(session=Session(backend, prefill_chunk=prefill_chunk), tokenizer=loaded.tokenizer,
-                  stop_ids=loaded.stop_ids, vocab_size=loaded.config.vocab_size, drafter=runner, runtime="torch",
-                  loaded=loaded, **extra)
+    engine = Engine(session=Session(backend, prefill_chunk=prefill_chunk), tokenizer=loaded.tokenizer,
+                    stop_ids=loaded.stop_ids, vocab_size=loaded.config.vocab_size, drafter=runner, runtime="torch",
+                    loaded=loaded, **extra)
+    if host_check and runner is not None:
+        engine.check_host()
+    return engine
 
 
 def _check_runtime(runtime: str) -> None:
@@ -132,16 +169,17 @@ def _check_runtime(runtime: str) -> None:
 
 def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: str | None = None,
          max_context: int | None = None, threads: int | None = None, bundle: str | Path | None = None,
-         provider: str = "cpu", spin: bool = True) -> Engine:
+         provider: str = "cpu", spin: bool = True, host_check: bool = True) -> Engine:
     """Load a built-in model name or a local Hugging Face folder (+ optionally a drafter: 'builtin' or a
     folder) and return a ready Engine. With `bundle=DIR`, load an exported bundle instead (see `load_bundle`;
-    runtime defaults to "ort" there, "torch" otherwise)."""
+    runtime defaults to "ort" there, "torch" otherwise). `host_check`: with a drafter, probe (once per model,
+    runtime and CPU; cached) that speculative decoding is exact on this host (`Engine.check_host`)."""
     if bundle is not None:
         if drafter is not None:
             raise ConfigError("a bundle brings its own drafter; `drafter` cannot be combined with `bundle`",
                               "re-export the bundle with --drafter, or load the checkpoint instead of the bundle")
         return load_bundle(bundle, runtime=runtime or "ort", threads=threads, provider=provider,
-                           max_context=max_context, spin=spin)
+                           max_context=max_context, spin=spin, host_check=host_check)
     runtime = runtime or "torch"
     _check_runtime(runtime)
     if runtime != "torch":
@@ -151,7 +189,7 @@ def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: st
     drafter_module = load_drafter(resolve_drafter(drafter, model)) if drafter else None
     loaded = load_checkpoint(model)
     max_context = max_context or min(DEFAULT_MAX_CONTEXT, loaded.config.max_position_embeddings)
-    return _torch_engine(loaded, drafter_module, kv_layout(loaded.config, max_context), threads)
+    return _torch_engine(loaded, drafter_module, kv_layout(loaded.config, max_context), threads, host_check=host_check)
 
 
 def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
@@ -166,7 +204,8 @@ def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
 
 
 def load_bundle(folder: str | Path, *, runtime: str = "ort", threads: int | None = None, provider: str = "cpu",
-                max_context: int | None = None, verify_checksums: bool = True, spin: bool = True) -> Engine:
+                max_context: int | None = None, verify_checksums: bool = True, spin: bool = True,
+                host_check: bool = True) -> Engine:
     """Load an exported bundle (verified: schema, sha256 of every file, drafter/target pairing).
 
     runtime "ort": onnxruntime over the bundle's graphs (`provider`: cpu | xnnpack | coreml | qnn);
@@ -175,6 +214,8 @@ def load_bundle(folder: str | Path, *, runtime: str = "ort", threads: int | None
     `spin`: the target session's idle threads busy-wait between steps (onnxruntime's default, fastest on an
     otherwise idle machine); False lets them sleep (use it when other processes share the cores). The
     drafter session never spins: it runs between target steps and its spinning would steal their cores.
+    `host_check`: with a drafter, probe (once per bundle, runtime and CPU; cached) that verify rows equal decode
+    steps bit for bit on this host and pick the session's row mode from it (`Engine.check_host`).
     """
     _check_runtime(runtime)
     folder = Path(folder).expanduser()
@@ -183,26 +224,31 @@ def load_bundle(folder: str | Path, *, runtime: str = "ort", threads: int | None
     extra = {"max_draft_len": manifest.max_draft_len, "manifest": manifest}
     if runtime == "torch":
         loaded, drafter = _bundle_sources(manifest)
-        return _torch_engine(loaded, drafter, layout, threads, **extra)
+        return _torch_engine(loaded, drafter, layout, threads, host_check=host_check, **extra)
     if manifest.format != "onnx":
         raise BundleError(f"{folder}: the ort runtime needs an onnx bundle, this one is {manifest.format!r}",
                           "export with --format onnx")
-    from edge_spec.runtimes.ort import OrtBackend, OrtDrafter, make_session
+    from edge_spec.runtimes.ort import OrtBackend, OrtDrafter, check_graph_io, make_session
 
     tables = {name: read_table(folder, entry) for name, entry in manifest.tables.items()}
     target = make_session(folder / manifest.graphs["target"].file, provider=provider, threads=threads,
                           initializers={kv.EMBED_TABLE: tables[kv.EMBED_TABLE]}, spin=spin)
+    check_graph_io(target, manifest.graphs["target"].io, folder / manifest.graphs["target"].file)
     backend = OrtBackend(target, layout, manifest.vocab_size, manifest.hidden_size)
     runner = None
     if manifest.drafter is not None:
         session = make_session(folder / manifest.graphs["drafter"].file, provider=provider, threads=threads,
                                spin=False)
+        check_graph_io(session, manifest.graphs["drafter"].io, folder / manifest.graphs["drafter"].file)
         wanted = {t.name for t in manifest.graphs["drafter"].io.inputs}
         runner = OrtDrafter(session, backend, {k: int(v) for k, v in manifest.drafter.kv_sharing.items()},
                             {name: t for name, t in tables.items() if name in wanted},
                             manifest.drafter.candidates_per_step)
-    return Engine(session=Session(backend), tokenizer=Tokenizer(folder), stop_ids=frozenset(manifest.eos_token_ids),
-                  vocab_size=manifest.vocab_size, drafter=runner, runtime="ort", **extra)
+    engine = Engine(session=Session(backend), tokenizer=Tokenizer(folder), stop_ids=frozenset(manifest.eos_token_ids),
+                    vocab_size=manifest.vocab_size, drafter=runner, runtime="ort", **extra)
+    if host_check and runner is not None:
+        engine.check_host()
+    return engine
 
 
 def _bundle_sources(manifest: Manifest) -> tuple[LoadedModel, Drafter | None]:

@@ -40,12 +40,21 @@ class Backend(Protocol):
 
 
 class Session:
-    """KV state + a backend: prefill, step, commit, rewind. Positions are absolute and runtime-owned."""
+    """KV state + a backend: prefill, step, commit, rewind. Positions are absolute and runtime-owned.
 
-    def __init__(self, backend: Backend, prefill_chunk: int = 128):
+    `min_rows`: the fewest rows a pass of the target carries. 2 makes a one-token pass run as two rows, the
+    second a dummy (the last token again, at the next position) that causal masks hide from the first and that
+    is never committed, so that every pass takes the runtime's multi-row kernels: on CPUs whose one-row kernels
+    sum in another order this is what keeps decode steps bit-identical to verify rows (edge_spec.hostcheck sets
+    it from a probe of the host). A pass at the last context slot has no room for the dummy and runs as is;
+    generation never runs one (the token it would produce has no position left).
+    """
+
+    def __init__(self, backend: Backend, prefill_chunk: int = 128, min_rows: int = 1):
         self.backend = backend
         self.state = KVState(backend.layout)
         self.prefill_chunk = prefill_chunk
+        self.min_rows = min_rows
 
     @property
     def length(self) -> int:
@@ -58,9 +67,15 @@ class Session:
     def forward(self, tokens: list[int], *, last_only: bool = False) -> StepOutput:
         """Run T tokens at positions [length, length + T) without committing them."""
         n = len(tokens)
-        masks = self.state.masks(n)
-        ids = np.asarray(tokens, dtype=np.int64)[None]  # [1, T]
-        return self.backend.forward(ids, self.state.position_ids(n), masks, self.state.length, last_only)
+        pad = self.min_rows - n if 0 < n < self.min_rows and self.length + self.min_rows <= self.max_context else 0
+        rows = n + pad
+        masks = self.state.masks(rows)
+        ids = np.asarray(list(tokens) + [tokens[-1]] * pad, dtype=np.int64)[None]  # [1, T (+ dummy rows)]
+        out = self.backend.forward(ids, self.state.position_ids(rows), masks, self.state.length, last_only and not pad)
+        if pad:  # drop the dummy rows; their pending K/V rows are never committed (commit takes the first n)
+            keep = slice(n - 1, n) if last_only else slice(0, n)
+            out = StepOutput(out.logits[keep], out.hidden[keep])
+        return out
 
     def commit(self, n: int) -> None:
         """Keep the first `n` rows of the last forward in the cache."""

@@ -83,7 +83,8 @@ class _KernelMarks:
 def run_one(engine, marks: _KernelMarks, row: dict, tally: Tally, *, k: int | None, adaptive: bool,
             temperature: float, max_new_tokens: int, seed: int) -> None:
     result = engine.generate(row["prompt"], chat=row["chat"], max_new_tokens=max_new_tokens, temperature=temperature,
-                             seed=seed, speculative=k is not None, spec_k=k or 1, adaptive=adaptive)
+                             seed=seed, speculative=k is not None, spec_k=k or 1, adaptive=adaptive,
+                             allow_inexact=True)  # measured even where the host check failed: greedy_exact reports it
     target_end, drafter_end = marks.clocks()
     tally.tokens += max(result.new_tokens - 1, 0)
     tally.decode_s += result.total_s - result.prefill_s
@@ -127,7 +128,8 @@ def measure(engine, prompts: list[dict], *, ks: list[int], temperatures: list[fl
     rows = []
     try:
         engine.generate(prompts[0]["prompt"], chat=prompts[0]["chat"], max_new_tokens=8)  # warm-up: first-run costs
-        engine.generate(prompts[0]["prompt"], chat=prompts[0]["chat"], max_new_tokens=8, spec_k=max(ks))
+        engine.generate(prompts[0]["prompt"], chat=prompts[0]["chat"], max_new_tokens=8, spec_k=max(ks),
+                        allow_inexact=True)
         token_prompts = [engine.encode(p["prompt"], chat=p["chat"]) for p in prompts] if peers else []
         for peer in peers:
             peer.warm_up(token_prompts[0])
@@ -177,6 +179,9 @@ def _row(engine, plain: Tally, spec: Tally, *, k: int, adaptive: bool, temperatu
         "target_step_ms": 1000 * plain.target_kernel_s / plain.tokens if plain.tokens else None,
         "drafter_step_ms": 1000 * spec.drafter_kernel_s / spec.drafter_calls if spec.drafter_calls else None,
         "peak_rss_mb": peak_rss_mb(),
+        # the row mode the host check chose (1: passes as they are, 2: one-token passes carry a dummy row)
+        "min_rows": engine.session.min_rows,
+        "host_check": engine.exactness.to_json() if engine.exactness is not None else None,
     }
     if row["target_step_ms"] and row["drafter_step_ms"]:
         row["drafter_step_share"] = row["drafter_step_ms"] / row["target_step_ms"]
@@ -407,6 +412,7 @@ def _steps(r: dict) -> str:
 def markdown(rows: list[dict], peers: list[dict], meta: dict) -> str:
     lines = [f"Measured {meta['date']} on {meta['machine']} ({meta['threads']} threads), "
              f"{meta['prompts']} prompts x {meta['max_new_tokens']} new tokens, one run (ratios are within-run).", "",
+             *([meta["exactness"], ""] if meta.get("exactness") else []),
              "| runtime | precision | T | k | plain tok/s | spec tok/s | speedup | tau | acceptance by position | "
              "time split spec (drafter/target/python) | python share plain | drafter step / target step | "
              "first token ms | greedy exact |",
@@ -468,15 +474,9 @@ def plot(rows: list[dict], peers: list[dict], path: Path) -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()}"
+    from .hostcheck import cpu_identity
+
+    return f"{cpu_identity()}, {os.cpu_count()} cores, {platform.system()}"
 
 
 def _target_folder(engine) -> Path:
@@ -530,7 +530,8 @@ def main(args) -> int:
     peers = [r.result() for r in runners]
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "spin": not args.no_spin,
             "threads": args.threads or os.cpu_count(), "prompts": len(prompts) * args.repeats,
-            "max_new_tokens": args.max_new_tokens, "command": "edge-spec " + " ".join(sys.argv[1:])}
+            "max_new_tokens": args.max_new_tokens, "command": "edge-spec " + " ".join(sys.argv[1:]),
+            "exactness": engine.exactness.summary() if engine.exactness is not None else None}
     table = markdown(rows, peers, meta)
     print(table)
     if args.json:
@@ -542,8 +543,13 @@ def main(args) -> int:
         Path(args.markdown).write_text(f"`{meta['command']}`\n\n{table}")
     if args.plot:
         plot(rows, peers, Path(args.plot))
-    for r in rows:
-        if r.get("greedy_exact") is False:
-            print(f"warning: greedy speculative output differed from plain at k={r['k']} "
-                  f"({r['greedy_exact_prompts']}/{r['prompts']} prompts identical)", file=sys.stderr)
+    inexact = [r for r in rows if r.get("greedy_exact") is False]
+    for r in inexact:
+        print(f"warning: greedy speculative output differed from plain at k={r['k']} "
+              f"({r['greedy_exact_prompts']}/{r['prompts']} prompts identical)", file=sys.stderr)
+    if engine.exactness is not None and not engine.exactness.exact:
+        print(f"warning: {engine.exactness.summary()}", file=sys.stderr)
+    if args.require_exact and (inexact or (engine.exactness is not None and not engine.exactness.exact)):
+        print("error: greedy exactness did not hold on this host (--require-exact)", file=sys.stderr)
+        return 1
     return 0

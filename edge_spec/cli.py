@@ -24,8 +24,11 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None,
                    help="'builtin' or a drafter folder: enables speculative decoding (default: none, plain decoding)")
     p.add_argument("--spec-k", type=int, default=4, help="draft tokens per target pass (the maximum with --adaptive)")
-    p.add_argument("--adaptive", action="store_true",
-                   help="choose k per pass from costs measured at run time; stop drafting at low confidence")
+    p.add_argument("--adaptive", action="store_true", default=True,
+                   help="(default) choose k <= --spec-k per pass from costs measured at run time (k = 0, plain, "
+                        "when that is faster); stop drafting at low confidence")
+    p.add_argument("--fixed-k", dest="adaptive", action="store_false",
+                   help="draft exactly --spec-k tokens every pass instead of letting the cost model choose")
     p.add_argument("--min-confidence", type=float, default=0.3,
                    help="adaptive mode: end a burst when the drafter's probability of its draft is below this")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is loaded")
@@ -82,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"],
                      help="torch.onnx exporter: dynamo (default, faster graphs) or torchscript (exports ~10x faster)")
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
+    check = sub.add_parser("check", help="probe whether this host keeps a bundle batch-invariant (verify rows == "
+                                         "decode steps bit for bit), which exact speculative decoding needs")
+    _add_model(check)
+    check.add_argument("--drafter", default=None, help="with --model: 'builtin' or a drafter folder")
+    check.add_argument("--json", default=None, help="also write the result as JSON here")
     bench = sub.add_parser("bench", help="measure plain vs speculative decoding (+ peers): Markdown, JSON, plot")
     _add_model(bench)
     bench.add_argument("--drafter", default=None, help="with --model: 'builtin' or a drafter folder")
@@ -103,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peer-quant", nargs="+", default=None, choices=["f32", "q8_0", "q4_0", "q4_1"],
                        help="--peer llama.cpp on the built-in SmolLM2 GGUF (Q4_1) re-encoded by llama.cpp as these "
                             "types (default q4_1: the file itself)")
+    bench.add_argument("--require-exact", action="store_true",
+                       help="exit 1 if greedy speculative output differed from plain on any prompt, or the host check "
+                            "found this host's kernels not batch-invariant")
     bench.add_argument("--json", default=None, help="write a JSON list: one object per configuration and per peer")
     bench.add_argument("--markdown", default=None, help="write the Markdown table (with the command line) here")
     bench.add_argument("--plot", default=None, help="write a PNG: tok/s vs k and acceptance by position")
@@ -117,6 +128,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(sub)
     return parser
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Probe afresh (the cache entry is replaced); exit 0 when some row mode is exact on this host, 1 when none is."""
+    import json
+
+    from .api import load
+
+    engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime, max_context=args.max_context,
+                  threads=args.threads, bundle=args.bundle, provider=args.provider, spin=not args.no_spin,
+                  host_check=False)
+    what = args.bundle or args.model or DEFAULT_MODEL
+    kind = (f"{engine.manifest.format} {engine.manifest.precision}" if engine.manifest and engine.runtime != "torch"
+            else f"{engine.runtime} fp32")
+    print(f"edge-spec check: {what} ({kind}, runtime {engine.runtime})")
+    result = engine.check_host(fresh=True)
+    print(result.report())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"what": str(what), "format": kind, **result.to_json()}, f, indent=1)
+    return 0 if result.exact else 1
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -192,16 +224,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.write(result.text)
     sys.stdout.write("\n")
     print(f"[{engine.runtime}] {result.summary()}", file=sys.stderr)
+    if "notice" in result.extra:
+        print(f"notice: {result.extra['notice']}", file=sys.stderr)
     if "spec" in result.extra:
         print(f"[spec k={args.spec_k}{' adaptive' if args.adaptive else ''}] {result.extra['spec'].summary()}",
               file=sys.stderr)
+        if engine.exactness is not None:
+            print(f"[{engine.exactness.summary()}]", file=sys.stderr)
     return 0
 
 
 def _commands() -> dict:
     from .drafter_cli import COMMANDS as drafter_commands
 
-    return {"generate": cmd_generate, "export": cmd_export, "bench": cmd_bench, "bench-head": cmd_bench_head,
+    return {"generate": cmd_generate, "export": cmd_export, "check": cmd_check, "bench": cmd_bench,
+            "bench-head": cmd_bench_head,
             **drafter_commands}
 
 

@@ -44,7 +44,8 @@ def check_request(prompt_ids: list[int], max_new_tokens: int, max_context: int) 
     if not prompt_ids:
         raise ConfigError("the prompt encodes to zero tokens", "pass a non-empty prompt")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}",
+                          "pass --max-new-tokens 1 or more (the number of tokens to generate)")
     if len(prompt_ids) + max_new_tokens > max_context:
         raise ContextOverflowError(
             f"context overflow: prompt {len(prompt_ids)} + max_new_tokens {max_new_tokens} > max context {max_context}",

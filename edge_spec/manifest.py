@@ -234,8 +234,10 @@ _REEXPORT = "re-run `edge-spec export` into a fresh --out folder"
 
 
 def read_manifest(folder: str | Path, *, verify_checksums: bool = True) -> Manifest:
-    """Load and verify a bundle's manifest: schema, file sizes and sha256, graph IO vs the KV contract,
-    and the drafter/target pairing. Raises BundleError saying which file or field is wrong."""
+    """Load and verify a bundle's manifest: schema, file sizes and sha256, the graph IO the manifest records vs
+    the KV contract, and the drafter/target pairing. Raises BundleError saying which file or field is wrong.
+    (Each runtime then checks the graph files' own IO against the manifest when it loads them: the ORT backend's
+    `check_graph_io`.)"""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise BundleError(f"bundle folder {folder} does not exist", "pass the --out folder of `edge-spec export`")

@@ -204,7 +204,16 @@ def _example_lengths(layout: kv.KVLayout) -> dict[str, int]:
     return {kind: 5 + 2 * i for i, kind in enumerate(layout.kinds())}
 
 
-def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "dynamo") -> onnx.ModelProto:
+ATTENTION_FORMS = ("slots", "split")
+
+
+def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "dynamo",
+                  attention: str = "slots") -> onnx.ModelProto:
+    """The target graph. `attention`: "slots" (batch-invariant, edge_spec.model.attend_slots; what bundles ship) or
+    "split" (cache part + new part, the form before 2026-11-30): kept only as the negative control of the exactness
+    tests and the host check, which must find it not batch-invariant."""
+    if attention not in ATTENTION_FORMS:
+        raise ConfigError(f"unknown attention form {attention!r}", f"choose one of {', '.join(ATTENTION_FORMS)}")
     cfg = model.cfg
     io = kv.target_io(layout, cfg.vocab_size, cfg.hidden_size)
     kinds = layout.kinds()
@@ -218,8 +227,8 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
     s_dims = {kind: torch.export.Dim(kv.slots_dim(kind), min=1, max=layout.slots(kind)) for kind in kinds}
     dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in kinds),
                tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"))
-    model.slot_attention = True  # batch-invariant attention (edge_spec.model.attend_slots)
-    if kv.SLIDING in kinds and layout.max_pass is not None:  # ring slots; a layout without a cap keeps the split form
+    model.slot_attention = attention == "slots"  # batch-invariant attention (edge_spec.model.attend_slots)
+    if kv.SLIDING in kinds and layout.max_pass is not None and model.slot_attention:  # ring slots (uncapped: split)
         model.sliding_ring = layout.slots(kv.SLIDING)
     if exporter == "dynamo":  # onnxruntime's fused rotary / skip-norm kernels (TorchScript cannot emit them)
         model.use_fused_ops(layout.max_context)
@@ -523,13 +532,14 @@ def export_steps(with_drafter: bool) -> int:
 def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
                   drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
                   max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None, exporter: str = "dynamo",
-                  progress: Callable[[str], None] | None = None) -> Path:
+                  progress: Callable[[str], None] | None = None, attention: str = "slots") -> Path:
     """Export `target` (+ `drafter`) to an ONNX bundle at `out`, atomically. `progress(step)` is called before
     each step (the CLI feeds a tqdm bar).
 
     `max_pass`: the most tokens one forward of the target graph may carry (prefill chunk, verify pass), for
     targets with sliding-window layers, whose rings get W + max_pass - 1 slots (default: 64, or
-    max_draft_len + 1 if larger); full-attention-only targets take any T and record no cap."""
+    max_draft_len + 1 if larger); full-attention-only targets take any T and record no cap.
+    `attention="split"` exports the non-batch-invariant form (a test-only negative control, see `export_target`)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
     if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
@@ -554,7 +564,7 @@ def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | No
         if needs_output_table(cfg, drafter):
             tables[kv.OUTPUT_TABLE] = _table_entry(tmp, kv.OUTPUT_TABLE, target.model.lm_head.weight)
         step("exporting the target graph")
-        proto = export_target(target.model, layout, exporter=exporter)
+        proto = export_target(target.model, layout, exporter=exporter, attention=attention)
         _rename_embedding_table(proto, target.model.model.embed_tokens.weight.detach().numpy())
         step(f"quantizing the target graph ({precision})" if precision != "fp32" else "saving the target graph")
         proto = quantize(proto, precision, cfg.vocab_size)

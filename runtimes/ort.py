@@ -89,7 +89,28 @@ def make_session(path: Path, *, provider: str = "cpu", threads: int | None = Non
         raise BundleError(f"{path}: onnxruntime {ort.__version__} cannot load this graph ({first[:300]})",
                           "re-export the bundle with this edge-spec / onnxruntime, or update onnxruntime") from err
     session._edge_spec_keepalive = keep
+    session._edge_spec_identity = (f"onnxruntime {ort.__version__}, {name}, "
+                                   f"{threads or 'default'} intra-op threads")  # edge_spec.hostcheck's cache key
     return session
+
+
+_ORT_TYPES = {"float32": "tensor(float)", "int64": "tensor(int64)"}
+
+
+def check_graph_io(session, io: kv.GraphIO, path: Path) -> None:
+    """The loaded graph's own inputs and outputs (names, order, element types, ranks, fixed dims) must be the ones
+    the manifest records (which `read_manifest` checked against the KV contract): a graph file swapped or edited
+    after export fails here, naming the file, instead of binding buffers of the wrong shape."""
+    for role, got, want in (("input", session.get_inputs(), io.inputs), ("output", session.get_outputs(), io.outputs)):
+        names = [g.name for g in got]
+        if names != [w.name for w in want]:
+            raise BundleError(f"{path}: graph {role}s {names} differ from the manifest's {[w.name for w in want]}",
+                              "re-export the bundle (the graph file does not belong to this manifest)")
+        for g, w in zip(got, want):
+            fixed_ok = all(not isinstance(d, int) or d == gd for d, gd in zip(w.shape, g.shape))
+            if g.type != _ORT_TYPES[w.dtype] or len(g.shape) != len(w.shape) or not fixed_ok:
+                raise BundleError(f"{path}: graph {role} {g.name} is {g.type} {list(g.shape)}, the manifest says "
+                                  f"{w.dtype} {list(w.shape)}", "re-export the bundle")
 
 
 def _bucket(used: int, slots: int) -> int:
@@ -191,6 +212,16 @@ class OrtBackend:
         self._pending = 0  # T of the last forward (its new rows sit in buffers.new)
         self.generation = 0  # bumped whenever a cache view moves (the drafter rebinds then)
         self.kernel_s = 0.0  # seconds spent inside onnxruntime (the rest of a step is Python)
+
+    @property
+    def identity(self) -> str:
+        """What kernels run (library, version, provider, threads): part of the host check's cache key."""
+        return getattr(self.session, "_edge_spec_identity", "onnxruntime")
+
+    @property
+    def bucket_size(self) -> int:
+        """Cache slots are bound in multiples of this: the host check probes verify passes across its edges."""
+        return BUCKET
 
     # -- cache views -------------------------------------------------------------------------------
     def cache_views(self, i: int) -> tuple[np.ndarray, np.ndarray]:

@@ -13,41 +13,60 @@ import numpy as np
 import torch
 
 from edge_spec.backend import StepOutput
-from edge_spec.kv import FULL, CacheSpec, KVLayout
+from edge_spec.kv import FULL, SLIDING, CacheSpec, KVLayout
 from edge_spec.model import Transformer
 
 
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, model: Transformer, layout: KVLayout, threads: int | None = None):
+    def __init__(self, model: Transformer, layout: KVLayout, threads: int | None = None,
+                 slot_attention: bool = False):
         if threads:
             torch.set_num_threads(threads)
         self.model = model
         self.layout = layout
+        # batch-invariant attention (edge_spec.model.attend_slots), as the exported graphs run it: every key in
+        # its slot's column, so a verify row repeats a decode step's sums; off: the split form (no cache copy)
+        self.slot_attention = slot_attention
         self.specs: list[CacheSpec] = list(layout.caches)
         self.k = [torch.zeros(s.shape) for s in self.specs]  # [1, H_kv, S, D] each
         self.v = [torch.zeros(s.shape) for s in self.specs]
         self._pending: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.kernel_s = 0.0  # seconds spent in the model's forward (the rest of a step is loop Python)
 
-    def _visible_slots(self, spec: CacheSpec, n_cached: int) -> int:
-        return n_cached if spec.kind == FULL else spec.slots
+    @property
+    def identity(self) -> str:
+        """What kernels run (part of the host check's cache key)."""
+        return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+    def _visible_slots(self, spec: CacheSpec, n_cached: int, t: int = 0) -> int:
+        """Full-attention slots past the committed ones are empty; slot attention also needs the T slots the new
+        rows go to."""
+        return min(n_cached + t, spec.slots) if spec.kind == FULL else spec.slots
 
     @torch.no_grad()
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
                 n_cached: int, last_only: bool) -> StepOutput:
         t = input_ids.shape[1]
+        extra = t if self.slot_attention else 0
+        visible = {spec.kind: self._visible_slots(spec, n_cached, extra) for spec in self.specs}
         torch_masks = {}
         for kind, mask in masks.items():  # [1, 1, T, S + T]
             s = self.layout.slots(kind)
-            keep = n_cached if kind == FULL else s
-            torch_masks[kind] = torch.from_numpy(np.concatenate([mask[..., :keep], mask[..., s:]], axis=-1))
-        ks = [k[:, :, :self._visible_slots(spec, n_cached)] for k, spec in zip(self.k, self.specs)]
-        vs = [v[:, :, :self._visible_slots(spec, n_cached)] for v, spec in zip(self.v, self.specs)]
+            torch_masks[kind] = torch.from_numpy(np.concatenate([mask[..., :visible[kind]], mask[..., s:]], axis=-1))
+        ks = [k[:, :, :visible[spec.kind]] for k, spec in zip(self.k, self.specs)]
+        vs = [v[:, :, :visible[spec.kind]] for v, spec in zip(self.v, self.specs)]
         start = time.perf_counter()
-        out = self.model(torch.from_numpy(input_ids), torch.from_numpy(position_ids), torch_masks, ks, vs,
-                         last_only=last_only)
+        keep = self.model.slot_attention, self.model.sliding_ring
+        self.model.slot_attention = self.slot_attention
+        if self.slot_attention and self.layout.max_pass is not None and SLIDING in visible:
+            self.model.sliding_ring = self.layout.slots(SLIDING)  # ring slots (kv.ring_slots), as exported
+        try:
+            out = self.model(torch.from_numpy(input_ids), torch.from_numpy(position_ids), torch_masks, ks, vs,
+                             last_only=last_only)
+        finally:
+            self.model.slot_attention, self.model.sliding_ring = keep
         self.kernel_s += time.perf_counter() - start
         assert out.new_k[0].shape[2] == t
         self._pending = (out.new_k, out.new_v)
