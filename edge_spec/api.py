@@ -26,7 +26,7 @@ from .hostcheck import HostCheck, checked
 from .kv import KVLayout
 from .manifest import Manifest, content_id, read_manifest, read_table
 from .sampling import SamplingParams
-from .speculative import generate_speculative
+from .speculative import check_spec_args, generate_speculative
 from .tokenizer import StreamDecoder, Tokenizer
 
 RUNTIMES = ("torch", "ort")
@@ -129,13 +129,14 @@ class Engine:
             raise ConfigError("speculative decoding needs a drafter",
                               "load with drafter='builtin' or a drafter folder, or export a bundle with --drafter")
         notice = None
-        if self.drafter is not None and speculative is not False and self.exactness is not None \
-                and not self.exactness.exact and not allow_inexact:
-            notice, speculative = self.exactness.summary(), False
-        if self.drafter is not None and speculative is not False:
-            if self.max_draft_len is not None and isinstance(spec_k, int) and spec_k > self.max_draft_len:
+        if self.drafter is not None and speculative is not False:  # bad speculative arguments fail either way
+            check_spec_args(spec_k, min_confidence)
+            if self.max_draft_len is not None and spec_k > self.max_draft_len:
                 raise ConfigError(f"spec_k {spec_k} exceeds this bundle's max draft length {self.max_draft_len}",
                                   f"use --spec-k {self.max_draft_len} or less, or re-export with --max-draft-len")
+            if self.exactness is not None and not self.exactness.exact and not allow_inexact:
+                notice, speculative = self.exactness.summary(), False
+        if self.drafter is not None and speculative is not False:
             result = generate_speculative(self.session, self.drafter, ids, max_new_tokens=max_new_tokens, params=params,
                                           rng=rng, stop_ids=self.stop_ids, k=spec_k, vocab_size=self.vocab_size,
                                           adaptive=adaptive, min_confidence=min_confidence, on_token=on_token)

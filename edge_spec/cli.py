@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(check)
     check.add_argument("--drafter", default=None, help="with --model: 'builtin' or a drafter folder")
     check.add_argument("--json", default=None, help="also write the result as JSON here")
+    check.add_argument("--nodes", action="store_true",
+                       help="onnx bundles: also compare every node's output between a one-token step and row 0 of a "
+                            "verify pass and list where they first differ (a diagnostic; ~2x the graph's memory)")
     bench = sub.add_parser("bench", help="measure plain vs speculative decoding (+ peers): Markdown, JSON, plot")
     _add_model(bench)
     bench.add_argument("--drafter", default=None, help="with --model: 'builtin' or a drafter folder")
@@ -135,6 +138,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     import json
 
     from .api import load
+    from .errors import ConfigError
 
     engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime, max_context=args.max_context,
                   threads=args.threads, bundle=args.bundle, provider=args.provider, spin=not args.no_spin,
@@ -145,6 +149,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"edge-spec check: {what} ({kind}, runtime {engine.runtime})")
     result = engine.check_host(fresh=True)
     print(result.report())
+    if args.nodes:
+        if engine.runtime != "ort":
+            raise ConfigError("--nodes compares onnx graphs node by node", "pass an onnx --bundle (runtime ort)")
+        from .runtimes.ort_diff import node_diff
+
+        print(node_diff(args.bundle, threads=args.threads).text())
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"what": str(what), "format": kind, **result.to_json()}, f, indent=1)

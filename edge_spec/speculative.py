@@ -245,14 +245,18 @@ class SpecStats:
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
+def check_spec_args(k: int, min_confidence: float) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"spec_k must be an integer >= 1, got {k!r}", "use --spec-k 4, for example")
+    if not 0.0 <= min_confidence < 1.0:
+        raise ConfigError(f"min_confidence must be in [0, 1), got {min_confidence!r}", "use --min-confidence 0.3")
+
+
 def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: list[int], *, max_new_tokens: int,
                          params: SamplingParams, rng: np.random.Generator, stop_ids: frozenset[int], k: int,
                          vocab_size: int, adaptive: bool = False, min_confidence: float = 0.0,
                          on_token: Callable[[int], None] | None = None, verifier=verify) -> GenerationResult:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ConfigError(f"spec_k must be an integer >= 1, got {k!r}", "use --spec-k 4, for example")
-    if not 0.0 <= min_confidence < 1.0:
-        raise ConfigError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
+    check_spec_args(k, min_confidence)
     check_request(prompt_ids, max_new_tokens, session.max_context)
     stats = SpecStats(k)
     model = CostModel(k) if adaptive else None

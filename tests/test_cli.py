@@ -138,7 +138,11 @@ def test_speculative_generation_through_the_cli(folder, drafter_folder, capsys):
     spec = run_cli(capsys, *base, "--drafter", str(drafter_folder), "--spec-k", "3", "--adaptive")
     assert plain[0] == spec[0] == 0
     assert spec[1] == plain[1]  # greedy: identical text
-    assert "tau" in spec[2] and "accept by pos" in spec[2] and "tau" not in plain[2]
+    assert "tau" not in plain[2]
+    if "tau" in spec[2]:  # the host check found eager torch batch-invariant on this CPU
+        assert "accept by pos" in spec[2] and "exactness: host-checked" in spec[2]
+    else:  # eager torch's GEMMs sum rows by M differently here: plain decoding, said so
+        assert "notice: exactness: NOT batch-invariant" in spec[2] and "speculative decoding is off" in spec[2]
 
 
 def test_bad_spec_k_and_mismatched_drafter(folder, drafter_folder, tiny_gemma4, capsys):

@@ -122,6 +122,22 @@ def test_results_are_cached_per_artifact_runtime_and_cpu(loaded, tmp_path):
     assert (reread.windows, reread.one_row_max_diff, reread.min_rows) == (first.windows, first.one_row_max_diff, 2)
 
 
+def test_node_diff_finds_where_the_split_form_parts(loaded, tmp_path, capsys):
+    """The node-by-node tool on the negative control: the first node whose step output differs from verify row 0
+    lies in attention (the split form sums cache and new keys apart), never in the projections before it."""
+    from edge_spec.runtimes.ort_diff import node_diff
+
+    drafter = tiny_drafter(loaded.config)
+    split = export_bundle(loaded, tmp_path / "split", drafter=drafter, max_context=96, attention="split")
+    report = node_diff(split, start=40, tokens=5, threads=2)
+    first = report.first_difference
+    assert first is not None and first.op in {"MatMul", "FusedMatMul", "Softmax", "Add", "Where", "Concat", "Mul"}
+    assert next(d for d in report.diffs if d.output == "logits").max_diff > 0
+    assert "differ" in report.text() and first.output in report.text()
+    assert main(["check", "--bundle", str(split), "--nodes", "--threads", "2"]) == 1
+    assert first.output in capsys.readouterr().out
+
+
 def test_cli_check_reports_and_exits_by_verdict(loaded, tmp_path, capsys):
     drafter = tiny_drafter(loaded.config)
     good = export_bundle(loaded, tmp_path / "good", drafter=drafter, precision="int8", max_context=96)

@@ -540,7 +540,10 @@ def test_cli_export_and_generate_bundle(tiny_llama, tmp_path, capsys):
     assert {r[0] for r in results.values()} == {0}
     assert results["spec"][1] == results["plain"][1] == results["torch"][1] == results["eager"][1]
     assert "[ort]" in results["spec"][2] and "tau" in results["spec"][2] and "tau" not in results["plain"][2]
-    assert "[torch]" in results["torch"][2] and "tau" in results["torch"][2]
+    # eager torch is not batch-invariant on every CPU (its GEMMs block rows by M): the host check decides, and the
+    # CLI either runs speculatively or says it runs plain instead - never silently
+    torch_err = results["torch"][2]
+    assert "[torch]" in torch_err and ("tau" in torch_err) != ("speculative decoding is off" in torch_err)
 
 
 @pytest.mark.parametrize("args, message", [
