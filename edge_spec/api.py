@@ -34,6 +34,10 @@ DEFAULT_MAX_CONTEXT = 2048
 DEFAULT_SPEC_K = 4
 DEFAULT_MIN_CONFIDENCE = 0.3  # adaptive mode: stop a burst when the drafter is less sure than this
 BUILTIN_DRAFTERS = Path(__file__).parent / "assets" / "drafters"
+# eager torch: one intra-op thread unless asked. SmolLM2 decode is per-op-overhead bound there: 2 threads gave
+# 14.8 tok/s on an idle 2-core machine but 1.4 with another process on one core (OpenMP threads wait on each other),
+# 1 thread gave 16.3 in the same contended state (measured 2026-12-01, AMD EPYC)
+DEFAULT_TORCH_THREADS = 1
 
 
 def resolve_drafter(drafter: str, model: str) -> Path:
@@ -153,7 +157,7 @@ def _torch_engine(loaded: LoadedModel, drafter: Drafter | None, layout: KVLayout
                   prefill_chunk: int = 128, host_check: bool = True, **extra) -> Engine:
     from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 
-    backend = TorchBackend(loaded.model, layout, threads=threads)
+    backend = TorchBackend(loaded.model, layout, threads=threads or DEFAULT_TORCH_THREADS)
     runner = TorchDrafter(drafter, backend, check_pair(loaded.config, drafter.cfg)) if drafter is not None else None
     engine = Engine(session=Session(backend, prefill_chunk=prefill_chunk), tokenizer=loaded.tokenizer,
                     stop_ids=loaded.stop_ids, vocab_size=loaded.config.vocab_size, drafter=runner, runtime="torch",

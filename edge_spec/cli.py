@@ -49,7 +49,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                    help="onnxruntime execution provider for --runtime ort (default cpu; --ep is the same option)")
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache size in tokens (default min(2048, model max); a bundle's own by default)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: onnxruntime one per core; eager torch 1, which does not collapse when "
+                        "another process shares the cores)")
     p.add_argument("--no-spin", action="store_true",
                    help="ort: idle threads sleep instead of busy-waiting (slower on an idle machine, much faster "
                         "when other processes share the cores)")

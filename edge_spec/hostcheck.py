@@ -128,10 +128,11 @@ class HostCheck:
 
 
 def probe_windows(layout, max_t: int, edge: int | None = None) -> tuple[tuple[int, int], ...]:
-    """(start, T) verify passes that cross the places where kernels or bindings change shape: the backend's cache
-    bucket edges (`edge`, 2 * edge), each sliding ring's first and second wrap, plus one small pass near the start.
-    T runs over 2, 3 and max_t (different row counts take different kernel tiles). Every window leaves room for a
-    dummy row after it (two-row mode), and windows never overlap (they are probed in one pass over the tokens)."""
+    """(start, T) verify passes that cross the places where kernels or bindings change shape - the backend's cache
+    bucket edges (`edge`, 2 * edge), each sliding ring's first and second wrap - then small passes near the start
+    where they do not overlap those. T runs over 2, 3, 5 and max_t (row counts take different kernel tiles). Every
+    window leaves room for a dummy row after it (two-row mode), and windows never overlap (they are probed in one
+    pass over the tokens)."""
     max_t = max(2, max_t)
     edges = []
     if edge:
@@ -139,19 +140,19 @@ def probe_windows(layout, max_t: int, edge: int | None = None) -> tuple[tuple[in
     for c in layout.caches:
         if c.kind == SLIDING:
             edges += [c.slots, 2 * c.slots]
-    fits = lambda w: w[0] >= 1 and w[0] + w[1] + 1 <= layout.max_context  # room for two-row mode's dummy row
-    overlaps = lambda w, kept: any(w[0] < s + t and s < w[0] + w[1] for s, t in kept)
     kept: list[tuple[int, int]] = []
+
+    def keep(start: int, t: int) -> None:
+        fits = start >= 1 and start + t + 1 <= layout.max_context  # + 1: room for two-row mode's dummy row
+        if fits and not any(start < s + n and s < start + t for s, n in kept):
+            kept.append((start, t))
+
     for e, t in zip(sorted(set(edges)), [max_t, 3, max_t, 2] * len(edges)):  # passes straddling each edge first
         t = min(t, max_t)
-        w = (e - t // 2, t)
-        if fits(w) and not overlaps(w, kept):
-            kept.append(w)
-    for w in ((2, 2), (5, 3), (9, min(5, max_t)), (15, max_t)):  # then small passes near the start
-        if fits(w) and not overlaps(w, kept):
-            kept.append(w)
-    windows = sorted(kept)
-    return tuple(windows)
+        keep(e - t // 2, t)
+    for start, t in ((2, 2), (5, 3), (9, min(5, max_t)), (15, max_t)):
+        keep(start, t)
+    return tuple(sorted(kept))
 
 
 def _run_mode(session: Session, tokens: list[int], windows, min_rows: int) -> tuple[float, float]:

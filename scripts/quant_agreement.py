@@ -1,6 +1,7 @@
 """Top-1 agreement of quantized bundles with an fp32 bundle (README, docs/architecture.md "Quantization"): over the
 bench prompts and the fp32 bundle's greedy continuation of each, teacher-forced (every bundle reads the same token
-sequence), the share of positions whose argmax equals fp32's, and the max |logit diff|.
+sequence), the share of positions whose argmax equals fp32's (the continuation's positions; `--all-positions`: the
+prompt's too), and the max |logit diff|.
 
     .venv/bin/python scripts/quant_agreement.py bundles/smollm2-fp32 bundles/smollm2-int8 bundles/smollm2-int4
 """
@@ -22,6 +23,7 @@ def main() -> None:
     ap.add_argument("bundles", nargs="+")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--all-positions", action="store_true", help="also score the prompt's positions")
     args = ap.parse_args()
     ref = load_bundle(args.reference, threads=args.threads, host_check=False)
     others = {b: load_bundle(b, threads=args.threads, host_check=False) for b in args.bundles}
@@ -41,12 +43,13 @@ def main() -> None:
             for start in range(0, len(seq), chunk):
                 rows.append(s.forward(seq[start:start + chunk]).logits)
                 s.commit(len(seq[start:start + chunk]))
-            logits[name] = np.concatenate(rows)[len(ids) - 1:]
+            logits[name] = np.concatenate(rows)[0 if args.all_positions else len(ids) - 1:]
             s.reset()
         for b in others:
             agree[b] += list(logits[b].argmax(-1) == logits["ref"].argmax(-1))
             worst[b] = max(worst[b], float(np.abs(logits[b] - logits["ref"]).max()))
-    print(f"{len(prompts)} prompts x {args.max_new_tokens} greedy tokens of {args.reference}, teacher-forced")
+    print(f"{len(prompts)} prompts x {args.max_new_tokens} greedy tokens of {args.reference}, teacher-forced"
+          f"{', prompt positions included' if args.all_positions else ''}")
     print("| bundle | top-1 agreement | max abs logit diff |\n|---|---|---|")
     for b in others:
         print(f"| {b} | {np.mean(agree[b]):.4f} | {worst[b]:.2f} |")

@@ -51,7 +51,7 @@ def test_sampled_generation_is_reproducible_with_seed(folder, capsys):
 ])
 def test_bad_request_parameters(folder, capsys, args, message):
     code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "w5 w6", *args)
-    assert code == 2 and message in err and "Traceback" not in err
+    assert code == 2 and message in err and "fix:" in err and "Traceback" not in err
 
 
 def test_unknown_model_name(capsys):
