@@ -13,23 +13,22 @@ from typing import Callable
 
 import numpy as np
 
-from . import kv
 from .backend import DrafterBackend, Session
 from .checkpoints import BUILTIN_MODELS, LoadedModel
 from .checkpoints import load as load_checkpoint
 from .config import kv_layout
 from .drafter import Drafter, check_pair, load_drafter
 from .errors import BundleError, CheckpointError, ConfigError
+from .formats import EAGER_RUNTIME, RUNTIMES, get_format, runtime_for
 from .gguf_import import cache_root
 from .generate import GenerationResult, check_request, generate_plain
 from .hostcheck import HostCheck, checked
 from .kv import KVLayout
-from .manifest import Manifest, content_id, read_manifest, read_table
+from .manifest import Manifest, content_id, read_manifest
 from .sampling import SamplingParams
 from .speculative import check_spec_args, generate_speculative
 from .tokenizer import StreamDecoder, Tokenizer
 
-RUNTIMES = ("torch", "ort")
 DEFAULT_MAX_CONTEXT = 2048
 DEFAULT_SPEC_K = 4
 DEFAULT_MIN_CONFIDENCE = 0.3  # adaptive mode: stop a burst when the drafter is less sure than this
@@ -187,7 +186,7 @@ def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: st
                            max_context=max_context, spin=spin, host_check=host_check)
     runtime = runtime or "torch"
     _check_runtime(runtime)
-    if runtime != "torch":
+    if runtime != EAGER_RUNTIME:
         raise ConfigError(f"the {runtime} runtime runs exported bundles, not checkpoints",
                           f"export one first (edge-spec export --model {model} --out DIR) and pass bundle=DIR "
                           "(CLI: --bundle DIR)")
@@ -208,49 +207,38 @@ def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
     return manifest.layout.with_context(max_context)
 
 
-def load_bundle(folder: str | Path, *, runtime: str = "ort", threads: int | None = None, provider: str = "cpu",
+def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int | None = None, provider: str = "cpu",
                 max_context: int | None = None, verify_checksums: bool = True, spin: bool = True,
                 host_check: bool = True) -> Engine:
     """Load an exported bundle (verified: schema, sha256 of every file, drafter/target pairing).
 
-    runtime "ort": onnxruntime over the bundle's graphs (`provider`: cpu | xnnpack | coreml | qnn);
-    runtime "torch": the eager reference, reloading the checkpoints the bundle was exported from (their
-    content hashes must match the manifest). Speculative decoding is on by default when the bundle has a drafter.
-    `spin`: the target session's idle threads busy-wait between steps (onnxruntime's default, fastest on an
-    otherwise idle machine); False lets them sleep (use it when other processes share the cores). The
-    drafter session never spins: it runs between target steps and its spinning would steal their cores.
+    runtime None: the one the bundle's format runs on (edge_spec.formats: onnx -> "ort", executorch ->
+    "executorch"); "torch": the eager reference, reloading the checkpoints the bundle was exported from (their
+    content hashes must match the manifest). `provider`: onnxruntime's execution provider (cpu | xnnpack | coreml |
+    qnn). Speculative decoding is on by default when the bundle has a drafter.
+    `spin`: the target's idle threads busy-wait between steps (onnxruntime's default, fastest on an otherwise idle
+    machine); False lets them sleep (use it when other processes share the cores). The drafter never spins: it runs
+    between target steps and its spinning would steal their cores.
     `host_check`: with a drafter, probe (once per bundle, runtime and CPU; cached) that verify rows equal decode
     steps bit for bit on this host and pick the session's row mode from it (`Engine.check_host`).
     """
-    _check_runtime(runtime)
     folder = Path(folder).expanduser()
     manifest = read_manifest(folder, verify_checksums=verify_checksums)
+    fmt = get_format(manifest.format)
+    runtime = runtime or fmt.runtime
+    _check_runtime(runtime)
     layout = _bundle_layout(manifest, max_context)
     extra = {"max_draft_len": manifest.max_draft_len, "manifest": manifest}
-    if runtime == "torch":
+    if runtime == EAGER_RUNTIME:
         loaded, drafter = _bundle_sources(manifest)
         return _torch_engine(loaded, drafter, layout, threads, host_check=host_check, **extra)
-    if manifest.format != "onnx":
-        raise BundleError(f"{folder}: the ort runtime needs an onnx bundle, this one is {manifest.format!r}",
-                          "export with --format onnx")
-    from edge_spec.runtimes.ort import OrtBackend, OrtDrafter, check_graph_io, make_session
-
-    tables = {name: read_table(folder, entry) for name, entry in manifest.tables.items()}
-    target = make_session(folder / manifest.graphs["target"].file, provider=provider, threads=threads,
-                          initializers={kv.EMBED_TABLE: tables[kv.EMBED_TABLE]}, spin=spin)
-    check_graph_io(target, manifest.graphs["target"].io, folder / manifest.graphs["target"].file)
-    backend = OrtBackend(target, layout, manifest.vocab_size, manifest.hidden_size)
-    runner = None
-    if manifest.drafter is not None:
-        session = make_session(folder / manifest.graphs["drafter"].file, provider=provider, threads=threads,
-                               spin=False)
-        check_graph_io(session, manifest.graphs["drafter"].io, folder / manifest.graphs["drafter"].file)
-        wanted = {t.name for t in manifest.graphs["drafter"].io.inputs}
-        runner = OrtDrafter(session, backend, {k: int(v) for k, v in manifest.drafter.kv_sharing.items()},
-                            {name: t for name, t in tables.items() if name in wanted},
-                            manifest.drafter.candidates_per_step)
+    if runtime != fmt.runtime:
+        raise BundleError(f"{folder}: the {runtime} runtime does not run {manifest.format!r} bundles",
+                          f"use --runtime {fmt.runtime} (or torch), or export with the format {runtime} runs")
+    backend, runner = runtime_for(manifest.format).open_bundle(folder, manifest, layout, threads=threads,
+                                                               provider=provider, spin=spin)
     engine = Engine(session=Session(backend), tokenizer=Tokenizer(folder), stop_ids=frozenset(manifest.eos_token_ids),
-                    vocab_size=manifest.vocab_size, drafter=runner, runtime="ort", **extra)
+                    vocab_size=manifest.vocab_size, drafter=runner, runtime=runtime, **extra)
     if host_check and runner is not None:
         engine.check_host()
     return engine

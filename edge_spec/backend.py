@@ -11,7 +11,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from .kv import KVLayout, KVState
+from .kv import BINDING_STATE, KVLayout, KVState
 
 
 class StepOutput(NamedTuple):
@@ -33,7 +33,9 @@ class Backend(Protocol):
         """
 
     def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Write pending new rows into cache slots: kind -> (row indices, slot indices)."""
+        """Accept the first rows of the last forward: kind -> (row indices, slot indices). `io` binding: write those
+        pending rows into their cache slots; `state` binding: nothing to copy (the program already wrote every row
+        into its own buffers; KVState masks the rejected ones)."""
 
     def reset(self) -> None:
         """Drop pending rows (buffers need no clearing: masks hide stale slots)."""
@@ -72,6 +74,8 @@ class Session:
         masks = self.state.masks(rows)
         ids = np.asarray(list(tokens) + [tokens[-1]] * pad, dtype=np.int64)[None]  # [1, T (+ dummy rows)]
         out = self.backend.forward(ids, self.state.position_ids(rows), masks, self.state.length, last_only and not pad)
+        if self.state.layout.binding == BINDING_STATE:  # the program wrote every row (dummies too) into its caches
+            self.state.written(rows)
         if pad:  # drop the dummy rows; their pending K/V rows are never committed (commit takes the first n)
             keep = slice(n - 1, n) if last_only else slice(0, n)
             out = StepOutput(out.logits[keep], out.hidden[keep])

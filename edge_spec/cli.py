@@ -7,7 +7,7 @@ import sys
 
 from .bench import GENAI_PRECISIONS
 from .errors import EdgeSpecError
-from .manifest import PRECISIONS
+from .formats import FORMATS, PRECISIONS, RUNTIMES
 
 EXIT_USER_ERROR = 2
 
@@ -43,8 +43,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", default=None,
                    help="an exported bundle folder (edge-spec export) instead of --model; speculative by default "
                         "when it has a drafter (--no-spec for plain)")
-    p.add_argument("--runtime", default=None, choices=["torch", "ort"],
-                   help="execution runtime (default: ort for --bundle, torch for --model)")
+    p.add_argument("--runtime", default=None, choices=list(RUNTIMES),
+                   help="execution runtime (default: the bundle format's - ort for onnx, executorch for executorch - "
+                        "and torch for --model)")
     p.add_argument("--provider", "--ep", dest="provider", default="cpu", choices=["cpu", "xnnpack", "coreml", "qnn"],
                    help="onnxruntime execution provider for --runtime ort (default cpu; --ep is the same option)")
     p.add_argument("--max-context", type=int, default=None,
@@ -74,11 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--drafter", default=None,
                      help="'builtin', a drafter folder or 'none' (default: the built-in drafter when the model ships "
                           "one, as smollm2-135m does; otherwise none)")
-    exp.add_argument("--format", default="onnx", choices=["onnx"], help="artifact format (default onnx)")
+    exp.add_argument("--format", default="onnx", choices=list(FORMATS),
+                     help="artifact format: onnx (onnxruntime) or executorch (one .pte, XNNPACK); default onnx")
     exp.add_argument("--quant", default="fp32", choices=list(PRECISIONS),
-                     help="weights: fp32, fp16 (fp16 compute for accelerator providers; ~10%% slower than fp32 "
-                          "on an x86 CPU), int8 or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output "
-                          "head); default fp32")
+                     help="onnx: fp32, fp16 (fp16 compute for accelerator providers; ~10%% slower than fp32 on an "
+                          "x86 CPU), int8 or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head); "
+                          "executorch: fp32 or 8da4w (int8 dynamic activations, int4 weights in groups of 32); "
+                          "default fp32")
     exp.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
     exp.add_argument("--max-draft-len", type=int, default=8, help="largest --spec-k the bundle accepts (default 8)")
     exp.add_argument("--max-pass", type=int, default=None,
@@ -181,11 +184,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .api import default_drafter, resolve_drafter
     from .checkpoints import load as load_checkpoint
     from .drafter import load_drafter
-    from .exporters.onnx import export_bundle, export_steps
+    from .formats import check_precision, exporter, get_format
 
+    check_precision(get_format(args.format), args.quant)  # before any loading
+    module = exporter(args.format)
+    options = {"exporter": args.exporter} if args.format == "onnx" else {}
     choice = default_drafter(args.model) if args.drafter is None else args.drafter
     choice = None if choice == "none" else choice
-    bar = tqdm(total=export_steps(choice is not None) + 1, desc="export", unit="step", file=sys.stderr,
+    bar = tqdm(total=module.export_steps(choice is not None) + 1, desc="export", unit="step", file=sys.stderr,
                bar_format="{desc}: {n}/{total} {bar} {elapsed} {postfix}")
 
     def progress(step: str) -> None:
@@ -197,10 +203,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         drafter_folder = resolve_drafter(choice, args.model) if choice else None
         drafter = load_drafter(drafter_folder) if drafter_folder else None
         target = load_checkpoint(args.model)
-        out = export_bundle(target, args.out, drafter=drafter,
-                            drafter_source=str(drafter_folder.resolve()) if drafter_folder else None,
-                            precision=args.quant, max_context=args.max_context, max_draft_len=args.max_draft_len,
-                            max_pass=args.max_pass, exporter=args.exporter, progress=progress)
+        out = module.export_bundle(target, args.out, drafter=drafter,
+                                   drafter_source=str(drafter_folder.resolve()) if drafter_folder else None,
+                                   precision=args.quant, max_context=args.max_context,
+                                   max_draft_len=args.max_draft_len, max_pass=args.max_pass, progress=progress,
+                                   **options)
         bar.set_postfix_str("done")
     finally:
         bar.close()

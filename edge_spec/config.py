@@ -246,12 +246,13 @@ def _parse_gemma4(d: dict, source: str) -> ModelConfig:
         moe_intermediate_size=int(d.get("moe_intermediate_size") or 0) if moe else 0, raw=d)
 
 
-def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None) -> "KVLayout":
+def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None, binding: str = "io") -> "KVLayout":
     """The cache layout of `cfg` for a given max context (full layers: max_context slots; rings: `kv.ring_slots`).
 
-    `max_pass` caps the tokens of one forward; it only matters with sliding layers (their rings grow to
-    W + max_pass - 1 slots) and is dropped for full-attention-only models, whose graphs take any T."""
-    from .kv import CacheSpec, KVLayout, ring_slots
+    `max_pass` caps the tokens of one forward. `io` binding: it only matters with sliding layers (their rings grow
+    to W + max_pass - 1 slots) and is dropped for full-attention-only models, whose graphs take any T. `state`
+    binding: always kept (the program's buffers are planned for it; rings of W + max_pass)."""
+    from .kv import BINDING_STATE, CacheSpec, KVLayout, ring_slots
 
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
         raise ConfigError(f"max_context must be an integer >= 1, got {max_context!r}")
@@ -262,7 +263,7 @@ def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None) -
     for layer in cfg.cached_layers():
         kind = cfg.layer_kinds[layer]
         window = cfg.sliding_window if kind == SLIDING else None
-        slots = ring_slots(window, max_context, max_pass) if window else max_context
+        slots = ring_slots(window, max_context, max_pass, binding) if window else max_context
         caches.append(CacheSpec(layer, kind, cfg.kv_heads[layer], cfg.head_dims[layer], slots, window))
-    sliding = any(c.window for c in caches)
-    return KVLayout(tuple(caches), max_context, max_pass if sliding else None)
+    keep_cap = binding == BINDING_STATE or any(c.window for c in caches)
+    return KVLayout(tuple(caches), max_context, max_pass if keep_cap else None, binding)

@@ -80,6 +80,11 @@ def mask_cols_dim(kind: str) -> str:
 
 
 # ---- layout ------------------------------------------------------------------------------------
+BINDING_IO = "io"  # caches are graph inputs; the runtime writes committed rows (write-after-verify)
+BINDING_STATE = "state"  # caches live in the program; a forward writes all its rows at their slots, rejected included
+BINDINGS = (BINDING_IO, BINDING_STATE)
+
+
 @dataclass(frozen=True)
 class CacheSpec:
     """One cached target layer."""
@@ -101,6 +106,7 @@ class KVLayout:
     caches: tuple[CacheSpec, ...]
     max_context: int
     max_pass: int | None = None  # most new tokens in one forward (prefill chunk, verify pass); None: any
+    binding: str = BINDING_IO  # or BINDING_STATE: the caches are the program's own buffers
 
     def kinds(self) -> tuple[str, ...]:
         return tuple(sorted({c.kind for c in self.caches}))
@@ -112,7 +118,7 @@ class KVLayout:
         return next(c.window for c in self.caches if c.kind == kind)
 
     def to_json(self) -> dict:
-        return {"max_context": self.max_context, "max_pass": self.max_pass,
+        return {"max_context": self.max_context, "max_pass": self.max_pass, "binding": self.binding,
                 "caches": [c.__dict__ | {"shape": list(c.shape)} for c in self.caches]}
 
     @staticmethod
@@ -120,26 +126,34 @@ class KVLayout:
         fields = ("layer", "kind", "num_kv_heads", "head_dim", "slots", "window")
         max_pass = d.get("max_pass")  # absent in schema-1 manifests: no cap
         return KVLayout(tuple(CacheSpec(**{f: c[f] for f in fields}) for c in d["caches"]), int(d["max_context"]),
-                        None if max_pass is None else int(max_pass))
+                        None if max_pass is None else int(max_pass), d.get("binding", BINDING_IO))
 
     def with_context(self, max_context: int) -> "KVLayout":
-        """The same layout (same rings, same cap) for a smaller context."""
-        caches = tuple(replace(c, slots=ring_slots(c.window, max_context, self.max_pass) if c.window else max_context)
-                       for c in self.caches)
-        return KVLayout(caches, max_context, self.max_pass)
+        """The same layout (same rings, same cap, same binding) for a smaller context. A `state` program's buffers
+        have the exported sizes, so its layout cannot shrink (the runtime only uses fewer slots)."""
+        caches = tuple(replace(c, slots=ring_slots(c.window, max_context, self.max_pass, self.binding)
+                               if c.window else max_context) for c in self.caches)
+        return KVLayout(caches, max_context, self.max_pass, self.binding)
 
 
 DEFAULT_MAX_PASS = 64  # exported sliding-window targets: prefill chunks and verify passes of at most 64 tokens
 
 
-def ring_slots(window: int, max_context: int, max_pass: int | None = None) -> int:
-    """Slots for a sliding layer under `io` binding, never more than the context.
+def ring_slots(window: int, max_context: int, max_pass: int | None = None, binding: str = BINDING_IO) -> int:
+    """Slots for a sliding layer, never more than the context.
 
-    The target alone needs W - 1 past keys (write-after-verify); the drafter reads the W + 1 keys
+    `io`: the target alone needs W - 1 past keys (write-after-verify); the drafter reads the W + 1 keys
     before the bonus token (transformers' Gemma-4 assistant semantics): W + 1 slots. A graph that writes a
     forward's T new keys into their slots (position % slots) before attending needs W + T - 1, so that the
     last new key never evicts one the first new row still sees: with a cap `max_pass` on T, W + max_pass - 1.
+    `state`: the program writes every row of a pass, rejected drafts included, so after a pass of max_pass rows of
+    which only one is accepted, the drafter's window (W + 1 keys before the bonus token at p + 1) must still be
+    whole: the rows written reach p + max_pass - 1, the window starts at p - W, so W + max_pass slots.
     """
+    if binding == BINDING_STATE:
+        if max_pass is None:
+            raise ConfigError("a `state` layout needs a cap on the tokens per pass (max_pass)")
+        return min(window + max_pass, max_context)
     return min(window + max(2, max_pass or 0) - 1, max_context)
 
 
@@ -184,29 +198,34 @@ def _cache_specs(caches, names) -> list[TensorSpec]:
 
 
 def target_io(layout: KVLayout, vocab_size: int, hidden_size: int) -> GraphIO:
-    """Target prefill/verify/decode graph (`io` binding): T new tokens over the caches -> logits, hidden, new rows."""
+    """Target prefill/verify/decode graph: T new tokens -> logits, hidden. `io` binding: the caches are inputs and
+    the new rows outputs; `state`: the program keeps the caches (its masks' S_kind = the slots it attends over)."""
     t = T_DIM
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, t)), TensorSpec(POSITION_IDS, "int64", (1, t))]
     inputs += [TensorSpec(mask_name(kind), "float32", (1, 1, t, mask_cols_dim(kind))) for kind in layout.kinds()]
-    inputs += _cache_specs(layout.caches, (k_cache_name, v_cache_name))
     outputs = [TensorSpec(LOGITS, "float32", (1, t, vocab_size)), TensorSpec(HIDDEN, "float32", (1, t, hidden_size))]
-    outputs += [TensorSpec(name(c.layer), "float32", (1, c.num_kv_heads, t, c.head_dim))
-                for c in layout.caches for name in (k_new_name, v_new_name)]
+    if layout.binding == BINDING_IO:
+        inputs += _cache_specs(layout.caches, (k_cache_name, v_cache_name))
+        outputs += [TensorSpec(name(c.layer), "float32", (1, c.num_kv_heads, t, c.head_dim))
+                    for c in layout.caches for name in (k_new_name, v_new_name)]
     return GraphIO(tuple(inputs), tuple(outputs))
 
 
 def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, target_hidden: int, candidates: int,
                output_table: bool) -> GraphIO:
-    """Drafter step graph: (last token, hidden, position, masks, source-layer caches, tables) -> candidates, hidden."""
+    """Drafter step graph: (last token, hidden, position, masks, source-layer caches, tables) -> candidates, hidden.
+    `state` binding: no caches and no tables (the program's drafter method reads the target's cache buffers and
+    weights in place)."""
     by_layer = {c.layer: c for c in layout.caches}
     kinds = sorted(sources)
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, 1)), TensorSpec(HIDDEN, "float32", (1, 1, target_hidden)),
               TensorSpec(POSITION_IDS, "int64", (1, 1))]
     inputs += [TensorSpec(mask_name(kind), "float32", (1, 1, 1, slots_dim(kind))) for kind in kinds]
-    inputs += _cache_specs([by_layer[sources[kind]] for kind in kinds], (k_cache_name, v_cache_name))
-    inputs.append(TensorSpec(EMBED_TABLE, "float32", (vocab_size, target_hidden)))
-    if output_table:
-        inputs.append(TensorSpec(OUTPUT_TABLE, "float32", (vocab_size, target_hidden)))
+    if layout.binding == BINDING_IO:
+        inputs += _cache_specs([by_layer[sources[kind]] for kind in kinds], (k_cache_name, v_cache_name))
+        inputs.append(TensorSpec(EMBED_TABLE, "float32", (vocab_size, target_hidden)))
+        if output_table:
+            inputs.append(TensorSpec(OUTPUT_TABLE, "float32", (vocab_size, target_hidden)))
     outputs = [TensorSpec(DRAFT_TOKEN_IDS, "int64", (candidates,)), TensorSpec(DRAFT_LOGITS, "float32", (candidates,)),
                TensorSpec(DRAFT_HIDDEN, "float32", (1, 1, target_hidden))]
     return GraphIO(tuple(inputs), tuple(outputs))
@@ -248,6 +267,10 @@ class KVState:
     """Bookkeeping of what the caches hold (the buffers themselves belong to the backend).
 
     `length` = number of committed positions = the absolute position of the next token to commit.
+    `slot_pos[kind][s]` = the position whose key/value slot s holds (-1: empty). `io` binding: only committed rows
+    are ever written. `state` binding: every row of a forward is written (`written`), so slots may hold uncommitted
+    positions (>= length; masked) and a ring may lose committed keys to rejected drafts: `retained_from` follows
+    the rows written, and a read or rewind that needs a lost key raises instead of attending to the wrong one.
     """
 
     def __init__(self, layout: KVLayout):
@@ -268,16 +291,46 @@ class KVState:
         """Masks for the next forward over `n_new` tokens: kind -> [1, 1, T, S_kind + T]."""
         self.check_fits(n_new)
         check_pass(self.layout, n_new)
+        self._check_window(lambda w: w - 1, "this pass")
         query = np.arange(self.length, self.length + n_new, dtype=np.int64)
-        return {kind: attention_mask(self.slot_pos[kind], query, self.layout.window(kind))[None, None]
+        return {kind: attention_mask(self._committed(kind), query, self.layout.window(kind))[None, None]
                 for kind in self.layout.kinds()}
 
     def drafter_masks(self) -> dict[str, np.ndarray]:
         """Masks for a drafter query at position `length` over the committed caches: kind -> [1, 1, 1, S_kind]."""
+        self._check_window(lambda w: w + 1, "the drafter")
         query = np.array([self.length], dtype=np.int64)
-        return {kind: attention_mask(self.slot_pos[kind], query, drafter_window(self.layout.window(kind)))[None, None, :,
+        return {kind: attention_mask(self._committed(kind), query, drafter_window(self.layout.window(kind)))[None, None, :,
                                                                                                    :self.layout.slots(kind)]
                 for kind in self.layout.kinds()}
+
+    def _committed(self, kind: str) -> np.ndarray:
+        """slot_pos with slots holding uncommitted rows (`state` binding: rejected drafts) shown empty."""
+        sp = self.slot_pos[kind]
+        return np.where(sp < self.length, sp, -1) if self.layout.binding == BINDING_STATE else sp
+
+    def _check_window(self, keys, reader: str) -> None:
+        """Refuse a read whose window reaches a ring slot already overwritten (`keys(W)` committed keys before
+        position `length` are read). Never raised by a layout sized with `ring_slots`; a smaller ring gets this
+        error instead of wrong logits."""
+        for kind in self.layout.kinds():
+            window = self.layout.window(kind)
+            if window is not None and max(0, self.length - keys(window)) < self.retained_from[kind]:
+                raise KVStateError(
+                    f"{reader} at position {self.length} reads the {kind} ring back to position "
+                    f"{max(0, self.length - keys(window))}, but its {self.layout.slots(kind)} slots were overwritten "
+                    f"up to position {self.retained_from[kind] - 1} (rows written past the committed ones)",
+                    "re-export with rings sized by kv.ring_slots for this binding and --max-pass, or reset the session")
+
+    def written(self, n: int) -> None:
+        """`state` binding: a forward wrote n rows at positions [length, length + n) into their slots (the backend's
+        buffers now hold them, committed or not): record what each slot physically holds and what rings lost."""
+        for kind in self.layout.kinds():
+            ring = self.layout.window(kind) is not None
+            rows, slots = commit_slots(self.length, n, self.layout.slots(kind), ring)
+            self.slot_pos[kind][slots] = self.length + rows
+            if ring:
+                self.retained_from[kind] = max(self.retained_from[kind], self.length + n - self.layout.slots(kind))
 
     def position_ids(self, n_new: int) -> np.ndarray:  # [1, T]
         return np.arange(self.length, self.length + n_new, dtype=np.int64)[None]

@@ -24,14 +24,13 @@ from typing import Callable
 import numpy as np
 
 from .errors import BundleError
+from .formats import FORMATS
 from .kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, target_io
 
 SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
 READABLE_VERSIONS = (1, 2)  # 1: no cap per forward; its sliding layers use the split attention form
 MANIFEST = "manifest.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")  # copied when present
-BINDING_IO = "io"
-PRECISIONS = ("fp32", "fp16", "int8", "int4")
 _HASH_CHUNK = 1 << 22
 
 
@@ -63,16 +62,18 @@ class GraphEntry:
     file: str  # relative to the bundle root
     precision: str
     io: GraphIO
+    method: str | None = None  # the entry point inside `file` (an ExecuTorch method, a Core ML function); None: the file
 
     def to_json(self) -> dict:
-        return {"file": self.file, "precision": self.precision,
-                "inputs": [t.to_json() for t in self.io.inputs], "outputs": [t.to_json() for t in self.io.outputs]}
+        d = {"file": self.file, "precision": self.precision,
+             "inputs": [t.to_json() for t in self.io.inputs], "outputs": [t.to_json() for t in self.io.outputs]}
+        return d | ({"method": self.method} if self.method else {})
 
     @staticmethod
     def from_json(d: dict) -> "GraphEntry":
         io = GraphIO(tuple(TensorSpec.from_json(t) for t in d["inputs"]),
                      tuple(TensorSpec.from_json(t) for t in d["outputs"]))
-        return GraphEntry(d["file"], d["precision"], io)
+        return GraphEntry(d["file"], d["precision"], io, d.get("method"))
 
 
 @dataclass(frozen=True)
@@ -286,10 +287,15 @@ def _verify_files(folder: Path, m: Manifest, checksums: bool) -> None:
 
 
 def _verify_contract(m: Manifest, path: Path) -> None:
-    if m.binding != BINDING_IO:
-        raise BundleError(f"{path}: KV binding {m.binding!r} is not supported by this runtime (expected 'io')", _REEXPORT)
-    if m.precision not in PRECISIONS:
-        raise BundleError(f"{path}: unknown precision {m.precision!r}", _REEXPORT)
+    fmt = FORMATS.get(m.format)
+    if fmt is None:
+        raise BundleError(f"{path}: format {m.format!r} is not one this edge-spec reads ({', '.join(FORMATS)})",
+                          "update edge-spec, or re-export the bundle with --format " + "|".join(FORMATS))
+    if m.binding != fmt.binding or m.layout.binding != fmt.binding:
+        raise BundleError(f"{path}: KV binding {m.binding!r} (layout {m.layout.binding!r}) does not match the "
+                          f"{m.format} format's {fmt.binding!r}", _REEXPORT)
+    if m.precision not in fmt.precisions:
+        raise BundleError(f"{path}: unknown precision {m.precision!r} for the {m.format} format", _REEXPORT)
     if "target" not in m.graphs:
         raise BundleError(f"{path}: the bundle has no target graph", _REEXPORT)
     if m.layout.max_pass is not None:
@@ -297,7 +303,7 @@ def _verify_contract(m: Manifest, path: Path) -> None:
             raise BundleError(f"{path}: max_draft_len {m.max_draft_len} needs verify passes of {m.max_draft_len + 1} "
                               f"tokens, more than the layout's max_pass {m.layout.max_pass}", _REEXPORT)
         for c in m.layout.caches:
-            if c.window and c.slots < ring_slots(c.window, m.layout.max_context, m.layout.max_pass):
+            if c.window and c.slots < ring_slots(c.window, m.layout.max_context, m.layout.max_pass, m.binding):
                 raise BundleError(f"{path}: layer {c.layer}'s ring has {c.slots} slots, too few for window {c.window} "
                                   f"and passes of {m.layout.max_pass} tokens", _REEXPORT)
     _same_io(f"{path}: target graph", m.graphs["target"].io, target_io(m.layout, m.vocab_size, m.hidden_size))

@@ -7,6 +7,8 @@ Parameter names mirror Hugging Face's, so checkpoints load with a plain `load_st
 
 from __future__ import annotations
 
+import functools
+
 from typing import NamedTuple
 
 import torch
@@ -116,7 +118,8 @@ def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, sl
     """Batch-invariant attention: row t of the output is bit-identical whatever T is (decode T=1 == verify T=k+1).
 
     q: [1, H, T, D]; k_cache: [1, H_kv, S, D] as bound (the new rows' slots hold stale values); k_new: [1, H_kv, T, D],
-    the new rows, which belong in `slots` [T]; v: [1, H_kv, S, D] with the new rows already in their slots
+    the new rows, which belong in `slots` [T], or None when k_cache already holds them there (the `state` binding:
+    the program wrote them into its cache buffers first); v: [1, H_kv, S, D] with the new rows already in their slots
     (`write_rows`); mask, keep: [1, 1, G*T, S] (`group_mask` of the [1, 1, T, S] mask, G = H / H_kv) -> [1, T, H * D].
     Why (measured, docs/architecture.md "Exactness of quantized bundles"): every key's score and every value sits
     in the same column in both cases (no cache-part / new-part split of the value sum, which would run in another
@@ -138,13 +141,16 @@ def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, sl
     if pad:
         qg = torch.cat([qg, torch.zeros_like(qg[:, :, :1])], dim=2)
     scores = torch.matmul(qg, k_cache.transpose(-1, -2)) * scale  # [1, H_kv, G*T (+1), S]
-    if pad_keys:  # [1, H_kv, T + 1, D]: >= 2 columns, the extra one dropped again
+    if k_new is None:  # `state` binding: the cache already holds the new keys in their slots
+        scores = scores[:, :, :g * t]
+    elif pad_keys:  # [1, H_kv, T + 1, D]: >= 2 columns, the extra one dropped again
         k_pad = torch.cat([k_new, torch.zeros_like(k_new[:, :, :1])], dim=2)
         new_scores = (torch.matmul(qg, k_pad.transpose(-1, -2)) * scale)[..., :t]  # [1, H_kv, G*T (+1), T]
     else:
         new_scores = torch.matmul(qg, k_new.transpose(-1, -2)) * scale  # [1, H_kv, G*T (+1), T]
-    index = slots.view(1, 1, 1, t).expand(new_scores.shape)
-    scores = scores.scatter(-1, index, new_scores)[:, :, :g * t]  # [1, H_kv, G*T, S]
+    if k_new is not None:
+        index = slots.view(1, 1, 1, t).expand(new_scores.shape)
+        scores = scores.scatter(-1, index, new_scores)[:, :, :g * t]  # [1, H_kv, G*T, S]
     probs = torch.where(keep, torch.softmax(scores.float() + mask, dim=-1), 0.0).type_as(q)  # [1, H_kv, G*T, S]
     if pad:
         probs = torch.cat([probs, torch.zeros_like(probs[:, :, :1])], dim=2)
@@ -176,13 +182,15 @@ class Attention(nn.Module):
                 self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
                 self.v_norm = RMSNorm(d, cfg.rms_norm_eps, with_scale=False)
 
-    def forward(self, x, rope, mask, k_cache, v_cache, shared: dict, slots: torch.Tensor | None = None):
+    def forward(self, x, rope, mask, k_cache, v_cache, shared: dict, slots: torch.Tensor | None = None, write=None):
         """x: [1, T, H]; rope: Rope | TableRope (`rotate`); k_cache/v_cache: [1, H_kv, S, D] or None for a
         KV-reusing layer.
 
         slots: [T] slots of the new rows when attention runs batch-invariant (`attend_slots`; `mask` is then
         the (additive, keep) pair of `group_mask`), else None (split cache / new-row attention, mask
         [1, 1, T, S + T]).
+        write: the `state` binding's cache writer (`Transformer.forward`): writes this layer's new rows into its cache
+        at `slots` and returns the cache views (k, v) to attend over; None: caches are inputs (`io` binding).
         Returns (out [1, T, H], new rows (k, v) [1, H_kv, T, D] or None).
         """
         b, t = x.shape[:2]
@@ -190,29 +198,33 @@ class Attention(nn.Module):
         if self.qkv is not None:  # one projection, heads split once, k and v come out head-major
             heads = F.linear(x, *self.qkv).view(b, t, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, T, D]
             q, k, v = heads.split(self.head_counts, dim=1)
-            return self._attend(rotate_heads(q, rope), rotate_heads(k, rope), v, mask, k_cache, v_cache, shared, slots)
+            return self._attend(rotate_heads(q, rope), rotate_heads(k, rope), v, mask, k_cache, v_cache, shared, slots,
+                                write)
         q = self.q_proj(x)  # [1, T, H * D]
         if self.gemma:
             q = self.q_norm(q.view(b, t, -1, d)).view(b, t, -1)
         q = rotate(q, rope, d).view(b, t, -1, d).transpose(1, 2)  # [1, H, T, D]
         if self.reuses_kv:
-            return self._attend(q, None, None, mask, k_cache, v_cache, shared, slots)
+            return self._attend(q, None, None, mask, k_cache, v_cache, shared, slots, write)
         k = self.k_proj(x)  # [1, T, H_kv * D]
         v = self.v_proj(x) if self.v_proj is not None else k
         if self.gemma:
             k, v = self.k_norm(k.view(b, t, -1, d)).view(b, t, -1), self.v_norm(v.view(b, t, -1, d)).view(b, t, -1)
         k = rotate(k, rope, d).view(b, t, -1, d).transpose(1, 2)  # [1, H_kv, T, D]
         v = v.view(b, t, -1, d).transpose(1, 2)
-        return self._attend(q, k, v, mask, k_cache, v_cache, shared, slots)
+        return self._attend(q, k, v, mask, k_cache, v_cache, shared, slots, write)
 
-    def _attend(self, q, k, v, mask, k_cache, v_cache, shared: dict, slots):
+    def _attend(self, q, k, v, mask, k_cache, v_cache, shared: dict, slots, write=None):
         """q: [1, H, T, D]; k, v: this step's rows [1, H_kv, T, D] (None: a KV-reusing layer) -> (out, new rows)."""
         new = None
         if self.reuses_kv:
             ks, vs = shared[self.kind]  # ((k parts), (v parts)) of the layer this one shares with
         else:
             new = (k, v)
-            if slots is not None:  # keys: the cache + the new rows (scored apart); values: the new rows in their slots
+            if write is not None:  # `state`: the new rows go into the cache buffers first, attention reads those
+                k_all, v_all = write(k, v, slots)
+                ks, vs = (k_all, None), (v_all,)
+            elif slots is not None:  # keys: the cache + the new rows (scored apart); values: new rows in their slots
                 ks, vs = (k_cache, k), (write_rows(v_cache, v, slots),)
             else:
                 ks, vs = (k_cache, k), (v_cache, v)  # keys = cache slots [S] then new rows [T]
@@ -304,17 +316,17 @@ class Block(nn.Module):
             self.per_layer_projection = nn.Linear(cfg.per_layer_input_size, cfg.hidden_size, bias=False)
             self.post_per_layer_input_norm = RMSNorm(cfg.hidden_size, eps)
 
-    def forward_pending(self, x, delta, rope, mask, k_cache, v_cache, shared, slots=None):
+    def forward_pending(self, x, delta, rope, mask, k_cache, v_cache, shared, slots=None, write=None):
         """The llama block with each residual add folded into the norm after it (`skip_rms_norm`, exported as one
         fused node): x is the residual stream *before* the previous block's MLP output `delta` (None for the first
         block) is added. Returns (x, this block's MLP output, new rows): the stream after the block is x + delta."""
         h, x = skip_rms_norm(x, delta, self.input_layernorm)
-        attn, new = self.self_attn(h, rope, mask, k_cache, v_cache, shared, slots)
+        attn, new = self.self_attn(h, rope, mask, k_cache, v_cache, shared, slots, write)
         h, x = skip_rms_norm(x, attn, self.post_attention_layernorm)
         return x, self.mlp(h), new
 
-    def forward(self, x, rope, mask, k_cache, v_cache, shared, per_layer_input, slots=None):
-        attn, new = self.self_attn(self.input_layernorm(x), rope, mask, k_cache, v_cache, shared, slots)
+    def forward(self, x, rope, mask, k_cache, v_cache, shared, per_layer_input, slots=None, write=None):
+        attn, new = self.self_attn(self.input_layernorm(x), rope, mask, k_cache, v_cache, shared, slots, write)
         if not self.gemma:
             x = x + attn
             return x + self.mlp(self.post_attention_layernorm(x)), new
@@ -398,9 +410,13 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict[str, torch.Tensor],
                 k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], last_only: bool = False,
-                with_logits: bool = True) -> ModelOutput:
+                with_logits: bool = True, write=None) -> ModelOutput:
         """input_ids, position_ids: [1, T]; masks: kind -> [1, 1, T, S_kind + T];
-        k_caches[i], v_caches[i]: [1, H_kv, S, D] for cached layer i (cfg.cached_layers() order)."""
+        k_caches[i], v_caches[i]: [1, H_kv, S, D] for cached layer i (cfg.cached_layers() order).
+
+        write(i, k_new, v_new, slots) -> (k, v): the `state` binding (slot attention only): cached layer i's new rows
+        [1, H_kv, T, D] go into the program's own cache buffers at `slots` and attention reads the returned views
+        [1, H_kv, S, D] (k_caches / v_caches are then unused, pass empty lists)."""
         x = self.embed(input_ids)  # [1, T, H]
         ple = self.per_layer_inputs(input_ids, x) if self.cfg.per_layer_input_size else None
         if self.rope_tables is not None:
@@ -430,12 +446,13 @@ class Transformer(nn.Module):
                 if key not in grouped:
                     grouped[key] = group_mask(mask, key[1])
                 mask = grouped[key]
-            caches = (k_caches[i], v_caches[i]) if i is not None else (None, None)
+            caches = (k_caches[i], v_caches[i]) if i is not None and write is None else (None, None)
+            writer = functools.partial(write, i) if write is not None and i is not None else None
             if pending:
-                x, delta, new = block.forward_pending(x, delta, rope[kind], mask, *caches, shared, slots[kind])
+                x, delta, new = block.forward_pending(x, delta, rope[kind], mask, *caches, shared, slots[kind], writer)
             else:
                 x, new = block(x, rope[kind], mask, *caches, shared, ple[:, :, layer] if ple is not None else None,
-                               slots[kind])
+                               slots[kind], writer)
             if new is not None:
                 new_k.append(new[0])
                 new_v.append(new[1])

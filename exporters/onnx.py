@@ -39,6 +39,7 @@ Exporters import the core only, never runtimes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import tempfile
 import warnings
@@ -52,13 +53,13 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 from torch import nn
 
-from edge_spec import __version__, kv
+from edge_spec import bundle, kv
+from edge_spec.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
 from edge_spec.checkpoints import LoadedModel
-from edge_spec.config import kv_layout
-from edge_spec.drafter import Drafter, check_pair
+from edge_spec.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
-from edge_spec.manifest import (BINDING_IO, PRECISIONS, TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest,
-                                ModelEntry, TableEntry, content_id, write_bundle)
+from edge_spec.formats import FORMATS, check_precision
+from edge_spec.manifest import GraphEntry, TableEntry
 from edge_spec.model import Transformer
 
 ONNX_DIR = "onnx"
@@ -73,7 +74,6 @@ QUANT_BITS = {"int8": (8, 8, True), "int4": (4, 8, False)}
 # slower here, and 8-bit float zero points are refused), so int4's asymmetric codes keep the symmetric kernel and
 # add a per-block offset term; int8 is symmetric like llama.cpp's Q8_0 and needs no offset term.
 ACCURACY_LEVEL = 4
-DEFAULT_MAX_DRAFT_LEN = 8
 
 
 # ---- flat-tensor wrappers (the exported signatures) ----------------------------------------------------
@@ -488,8 +488,7 @@ def quantize(proto: onnx.ModelProto, precision: str, vocab_size: int) -> onnx.Mo
         return proto
     if precision == "fp16":
         return to_float16(proto)
-    if precision not in QUANT_BITS:
-        raise ConfigError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
+    check_precision(FORMATS["onnx"], precision)
     _fold_weight_transposes(proto)
     bits, head_bits, symmetric = QUANT_BITS[precision]
     _quantize_matmuls(proto, bits, head_bits, vocab_size, symmetric)
@@ -526,88 +525,52 @@ def _write_table(path: Path, array: np.ndarray) -> np.ndarray:
 # ---- the bundle --------------------------------------------------------------------------------------
 def export_steps(with_drafter: bool) -> int:
     """How many times `export_bundle` calls `progress` (for a progress bar)."""
-    return 5 + (2 if with_drafter else 0)
+    return COMMON_STEPS + 2 + (2 if with_drafter else 0)
 
 
 def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
                   drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
                   max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None, exporter: str = "dynamo",
                   progress: Callable[[str], None] | None = None, attention: str = "slots") -> Path:
-    """Export `target` (+ `drafter`) to an ONNX bundle at `out`, atomically. `progress(step)` is called before
-    each step (the CLI feeds a tqdm bar).
+    """Export `target` (+ `drafter`) to an ONNX bundle at `out`, atomically (edge_spec.bundle.export: checks, layout,
+    hashes, tokenizer, manifest). `progress(step)` is called before each step (the CLI feeds a tqdm bar).
 
     `max_pass`: the most tokens one forward of the target graph may carry (prefill chunk, verify pass), for
     targets with sliding-window layers, whose rings get W + max_pass - 1 slots (default: 64, or
     max_draft_len + 1 if larger); full-attention-only targets take any T and record no cap.
     `attention="split"` exports the non-batch-invariant form (a test-only negative control, see `export_target`)."""
-    if precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
-    if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
-        raise ConfigError(f"max_draft_len must be an integer >= 1, got {max_draft_len!r}")
-    default_pass = max(kv.DEFAULT_MAX_PASS, max_draft_len + 1)
-    max_pass = default_pass if max_pass is None else max_pass
-    if isinstance(max_pass, bool) or not isinstance(max_pass, int) or max_pass < max_draft_len + 1:
-        raise ConfigError(f"max_pass must be an integer >= max_draft_len + 1 = {max_draft_len + 1} (a verify pass "
-                          f"carries the last token and every draft), got {max_pass!r}",
-                          f"use --max-pass {default_pass}, or lower --max-draft-len")
-    cfg = target.config
-    max_context = max_context or min(2048, cfg.max_position_embeddings)
-    layout = kv_layout(cfg, max_context, max_pass)
-    sources = check_pair(cfg, drafter.cfg) if drafter is not None else None
-    step = progress or (lambda name: None)
+    write = functools.partial(_write, exporter=exporter, attention=attention)
+    return bundle.export(target, out, fmt=FORMATS["onnx"], write=write, drafter=drafter, drafter_source=drafter_source,
+                         precision=precision, max_context=max_context, max_draft_len=max_draft_len, max_pass=max_pass,
+                         progress=progress)
 
-    def build(tmp: Path) -> Manifest:
-        step("hashing the target")
-        target_id = content_id(cfg.raw, target.model.state_dict())
-        (tmp / ONNX_DIR).mkdir()
-        tables = {kv.EMBED_TABLE: _table_entry(tmp, kv.EMBED_TABLE, target.model.model.embed_tokens.weight)}
-        if needs_output_table(cfg, drafter):
-            tables[kv.OUTPUT_TABLE] = _table_entry(tmp, kv.OUTPUT_TABLE, target.model.lm_head.weight)
-        step("exporting the target graph")
-        proto = export_target(target.model, layout, exporter=exporter, attention=attention)
-        _rename_embedding_table(proto, target.model.model.embed_tokens.weight.detach().numpy())
-        step(f"quantizing the target graph ({precision})" if precision != "fp32" else "saving the target graph")
-        proto = quantize(proto, precision, cfg.vocab_size)
-        save_graph(proto, tmp / TARGET_FILE, {kv.EMBED_TABLE: Path(TABLE_FILES[kv.EMBED_TABLE]).name})
-        del proto
-        graphs = {"target": GraphEntry(TARGET_FILE, precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size))}
-        drafter_entry = None
-        if drafter is not None:
-            step("exporting the drafter graph")
-            dproto = export_drafter(drafter, target.model, layout, sources, exporter=exporter)
-            step(f"quantizing the drafter graph ({precision})" if precision != "fp32" else "saving the drafter graph")
-            dproto = quantize(dproto, precision, cfg.vocab_size)
-            save_graph(dproto, tmp / DRAFTER_FILE, {})
-            io = kv.drafter_io(layout, sources, cfg.vocab_size, cfg.hidden_size, drafter.cfg.candidates_per_step,
-                               needs_output_table(cfg, drafter))
-            graphs["drafter"] = GraphEntry(DRAFTER_FILE, precision, io)
-            drafter_entry = DrafterEntry(
-                name=drafter_source or "(in memory)", source=drafter_source,
-                content_sha256=content_id(drafter.cfg.raw, drafter.state_dict()), config=drafter.cfg.raw,
-                target_content_sha256=target_id, kv_sharing=dict(sources), head_from=drafter.cfg.head_from,
-                candidates_per_step=drafter.cfg.candidates_per_step)
-        step("copying the tokenizer")
-        tokenizer_files = []
-        for name in TOKENIZER_FILES:
-            src = Path(target.folder) / name
-            if src.is_file():
-                (tmp / name).write_bytes(src.read_bytes())
-                tokenizer_files.append(name)
-        tok = target.tokenizer
-        eos = tuple(sorted(target.stop_ids))
-        step("writing the manifest")
-        return Manifest(
-            format="onnx", precision=precision,
-            target=ModelEntry(name=target.name, content_sha256=target_id, config=cfg.raw,
-                              source=str(Path(target.folder).resolve())),
-            drafter=drafter_entry, layout=layout, binding=BINDING_IO, vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size, embed_scale=float(target.model.embed_scale),
-            bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else cfg.bos_token_id,
-            eos_token_ids=eos, pad_token_id=cfg.pad_token_id, chat_template=tok.chat_template,
-            tokenizer_files=tuple(tokenizer_files), max_draft_len=max_draft_len, graphs=graphs,
-            tables={name: entry for name, entry in tables.items()}, created_by=f"edge-spec {__version__}")
 
-    return write_bundle(out, build)
+def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dict, dict]:
+    """The ONNX artifacts: the shared tables, target.onnx (+ drafter.onnx), quantized to `job.precision`."""
+    target, drafter, layout, precision, step = job.target, job.drafter, job.layout, job.precision, job.step
+    cfg, tmp = target.config, job.tmp
+    (tmp / ONNX_DIR).mkdir()
+    tables = {kv.EMBED_TABLE: _table_entry(tmp, kv.EMBED_TABLE, target.model.model.embed_tokens.weight)}
+    if needs_output_table(cfg, drafter):
+        tables[kv.OUTPUT_TABLE] = _table_entry(tmp, kv.OUTPUT_TABLE, target.model.lm_head.weight)
+    step("exporting the target graph")
+    proto = export_target(target.model, layout, exporter=exporter, attention=attention)
+    _rename_embedding_table(proto, target.model.model.embed_tokens.weight.detach().numpy())
+    step(f"quantizing the target graph ({precision})" if precision != "fp32" else "saving the target graph")
+    proto = quantize(proto, precision, cfg.vocab_size)
+    save_graph(proto, tmp / TARGET_FILE, {kv.EMBED_TABLE: Path(TABLE_FILES[kv.EMBED_TABLE]).name})
+    del proto
+    graphs = {"target": GraphEntry(TARGET_FILE, precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size))}
+    if drafter is not None:
+        step("exporting the drafter graph")
+        dproto = export_drafter(drafter, target.model, layout, job.sources, exporter=exporter)
+        step(f"quantizing the drafter graph ({precision})" if precision != "fp32" else "saving the drafter graph")
+        dproto = quantize(dproto, precision, cfg.vocab_size)
+        save_graph(dproto, tmp / DRAFTER_FILE, {})
+        io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size, drafter.cfg.candidates_per_step,
+                           needs_output_table(cfg, drafter))
+        graphs["drafter"] = GraphEntry(DRAFTER_FILE, precision, io)
+    return graphs, tables
 
 
 def _table_entry(tmp: Path, name: str, weight: torch.Tensor) -> TableEntry:

@@ -113,6 +113,29 @@ def check_graph_io(session, io: kv.GraphIO, path: Path) -> None:
                                   f"{w.dtype} {list(w.shape)}", "re-export the bundle")
 
 
+def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str = "cpu",
+                spin: bool = True) -> tuple["OrtBackend", "OrtDrafter | None"]:
+    """The runtime half of the onnx format (edge_spec.formats): target session (spinning unless `spin` is False) +
+    drafter session (never spinning), both binding the bundle's memory-mapped shared tables."""
+    from edge_spec.manifest import read_table
+
+    tables = {name: read_table(folder, entry) for name, entry in manifest.tables.items()}
+    target_entry = manifest.graphs["target"]
+    target = make_session(folder / target_entry.file, provider=provider, threads=threads,
+                          initializers={kv.EMBED_TABLE: tables[kv.EMBED_TABLE]}, spin=spin)
+    check_graph_io(target, target_entry.io, folder / target_entry.file)
+    backend = OrtBackend(target, layout, manifest.vocab_size, manifest.hidden_size)
+    if manifest.drafter is None:
+        return backend, None
+    entry = manifest.graphs["drafter"]
+    session = make_session(folder / entry.file, provider=provider, threads=threads, spin=False)
+    check_graph_io(session, entry.io, folder / entry.file)
+    wanted = {t.name for t in entry.io.inputs}
+    runner = OrtDrafter(session, backend, {k: int(v) for k, v in manifest.drafter.kv_sharing.items()},
+                        {name: t for name, t in tables.items() if name in wanted}, manifest.drafter.candidates_per_step)
+    return backend, runner
+
+
 def _bucket(used: int, slots: int) -> int:
     return min(slots, max(BUCKET, -(-used // BUCKET) * BUCKET))
 

@@ -1,0 +1,96 @@
+"""What every exporter shares: argument checks, the KV layout, the drafter pairing, content hashes, the tokenizer
+copy, the manifest and the atomic write (`manifest.write_bundle`). A format only supplies `write(job)`, which puts
+its artifacts into `job.tmp` and returns their manifest entries (graphs and shared tables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import __version__, kv
+from .checkpoints import LoadedModel
+from .config import kv_layout
+from .drafter import Drafter, check_pair
+from .errors import ConfigError
+from .formats import Format, check_precision
+from .manifest import TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest, ModelEntry, TableEntry, content_id, write_bundle
+
+DEFAULT_MAX_DRAFT_LEN = 8
+COMMON_STEPS = 3  # hashing the target, copying the tokenizer, writing the manifest
+
+
+@dataclass(frozen=True)
+class ExportJob:
+    """What a format's `write` gets: a temp folder inside the future bundle, the models and the checked layout."""
+
+    tmp: Path
+    target: LoadedModel
+    drafter: Drafter | None
+    layout: kv.KVLayout
+    sources: dict[str, int] | None  # drafter kind -> target layer whose cache it reads
+    precision: str
+    step: Callable[[str], None]  # progress: call before each of the format's steps
+
+
+Writer = Callable[[ExportJob], tuple[dict[str, GraphEntry], dict[str, TableEntry]]]
+
+
+def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, drafter: Drafter | None = None,
+           drafter_source: str | None = None, precision: str | None = None, max_context: int | None = None,
+           max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
+           progress: Callable[[str], None] | None = None) -> Path:
+    """Export `target` (+ `drafter`) to a bundle of format `fmt` at `out`, atomically; `progress(step)` before each step.
+
+    `max_pass`: the most tokens one forward may carry (prefill chunk, verify pass). It sizes sliding rings (`io`:
+    W + max_pass - 1 slots, `state`: W + max_pass) and, under the `state` binding, the program's planned buffers;
+    default 64, or max_draft_len + 1 if larger. `io` targets without sliding layers take any T and record no cap."""
+    precision = precision or fmt.precisions[0]
+    check_precision(fmt, precision)
+    if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
+        raise ConfigError(f"max_draft_len must be an integer >= 1, got {max_draft_len!r}")
+    default_pass = max(kv.DEFAULT_MAX_PASS, max_draft_len + 1)
+    max_pass = default_pass if max_pass is None else max_pass
+    if isinstance(max_pass, bool) or not isinstance(max_pass, int) or max_pass < max_draft_len + 1:
+        raise ConfigError(f"max_pass must be an integer >= max_draft_len + 1 = {max_draft_len + 1} (a verify pass "
+                          f"carries the last token and every draft), got {max_pass!r}",
+                          f"use --max-pass {default_pass}, or lower --max-draft-len")
+    cfg = target.config
+    max_context = max_context or min(2048, cfg.max_position_embeddings)
+    layout = kv_layout(cfg, max_context, max_pass, fmt.binding)
+    sources = check_pair(cfg, drafter.cfg) if drafter is not None else None
+    step = progress or (lambda name: None)
+
+    def build(tmp: Path) -> Manifest:
+        step("hashing the target")
+        target_id = content_id(cfg.raw, target.model.state_dict())
+        graphs, tables = write(ExportJob(tmp, target, drafter, layout, sources, precision, step))
+        drafter_entry = None
+        if drafter is not None:
+            drafter_entry = DrafterEntry(
+                name=drafter_source or "(in memory)", source=drafter_source,
+                content_sha256=content_id(drafter.cfg.raw, drafter.state_dict()), config=drafter.cfg.raw,
+                target_content_sha256=target_id, kv_sharing=dict(sources), head_from=drafter.cfg.head_from,
+                candidates_per_step=drafter.cfg.candidates_per_step)
+        step("copying the tokenizer")
+        tokenizer_files = []
+        for name in TOKENIZER_FILES:
+            src = Path(target.folder) / name
+            if src.is_file():
+                (tmp / name).write_bytes(src.read_bytes())
+                tokenizer_files.append(name)
+        tok = target.tokenizer
+        step("writing the manifest")
+        return Manifest(
+            format=fmt.name, precision=precision,
+            target=ModelEntry(name=target.name, content_sha256=target_id, config=cfg.raw,
+                              source=str(Path(target.folder).resolve())),
+            drafter=drafter_entry, layout=layout, binding=fmt.binding, vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size, embed_scale=float(target.model.embed_scale),
+            bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else cfg.bos_token_id,
+            eos_token_ids=tuple(sorted(target.stop_ids)), pad_token_id=cfg.pad_token_id, chat_template=tok.chat_template,
+            tokenizer_files=tuple(tokenizer_files), max_draft_len=max_draft_len, graphs=graphs, tables=tables,
+            created_by=f"edge-spec {__version__}")
+
+    return write_bundle(out, build)
