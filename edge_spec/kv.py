@@ -249,6 +249,13 @@ def attention_mask(slot_pos: np.ndarray, query_pos: np.ndarray, window: int | No
     return np.where(visible, np.float32(0.0), NEG_INF).astype(np.float32)
 
 
+def bucket_slots(need: int, slots: int, bucket: int) -> int:
+    """How many cache slots a runtime binds (or lets a program attend over) so that `need` of them are visible: the
+    smallest multiple of `bucket` >= need, capped at the layer's slot count. Attention cost then grows with the
+    context in use, and shapes change only once per `bucket` tokens."""
+    return min(slots, max(bucket, -(-need // bucket) * bucket))
+
+
 def commit_slots(start: int, n: int, slots: int, ring: bool) -> tuple[np.ndarray, np.ndarray]:
     """Which of the new rows [0, n) land in which slots when committing positions start..start+n-1.
 

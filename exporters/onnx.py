@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import tempfile
 import warnings
 from pathlib import Path
@@ -59,6 +58,7 @@ from edge_spec.checkpoints import LoadedModel
 from edge_spec.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.formats import FORMATS, check_precision
+from edge_spec.logs import quiet
 from edge_spec.manifest import GraphEntry, TableEntry
 from edge_spec.model import Transformer
 
@@ -111,17 +111,6 @@ class DrafterGraph(nn.Module):
 EXPORTERS = ("dynamo", "torchscript")
 
 
-@contextlib.contextmanager
-def _quiet(logger: str):
-    log = logging.getLogger(logger)
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
 def _torch_export(module: nn.Module, args: tuple, dynamic_shapes: tuple, io: kv.GraphIO,
                   exporter: str = "dynamo") -> onnx.ModelProto:
     """torch.onnx.export with the contract's IO names; symbolic dims from `io` (TorchScript) or `dynamic_shapes`
@@ -130,7 +119,7 @@ def _torch_export(module: nn.Module, args: tuple, dynamic_shapes: tuple, io: kv.
     if exporter not in EXPORTERS:
         raise ConfigError(f"unknown exporter {exporter!r}", f"choose one of {', '.join(EXPORTERS)}")
     names = {"input_names": [t.name for t in io.inputs], "output_names": [t.name for t in io.outputs]}
-    with _quiet("torch.onnx"), warnings.catch_warnings(), contextlib.redirect_stdout(None), \
+    with quiet("torch.onnx"), warnings.catch_warnings(), contextlib.redirect_stdout(None), \
             tempfile.TemporaryDirectory() as work:
         warnings.simplefilter("ignore")
         try:
@@ -441,7 +430,7 @@ def to_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
         if t.name in tables:
             table_inits[t.name] = onnx.TensorProto()
             table_inits[t.name].CopyFrom(t)
-    with _quiet("onnxruntime"), warnings.catch_warnings():
+    with quiet("onnxruntime"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = convert_float_to_float16(proto, keep_io_types=True, node_block_list=keep_fp32,
                                        disable_shape_infer=True)

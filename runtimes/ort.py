@@ -137,7 +137,7 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
 
 
 def _bucket(used: int, slots: int) -> int:
-    return min(slots, max(BUCKET, -(-used // BUCKET) * BUCKET))
+    return kv.bucket_slots(used, slots, BUCKET)
 
 
 def _shape_groups(specs: list[CacheSpec]) -> dict[tuple, list[int]]:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from edge_spec.errors import ConfigError, ContextOverflowError, KVStateError
-from edge_spec.kv import FULL, SLIDING, CacheSpec, KVLayout, KVState, attention_mask, commit_slots, ring_slots
+from edge_spec.kv import (BINDING_STATE, FULL, SLIDING, CacheSpec, KVLayout, KVState, attention_mask, commit_slots,
+                          ring_slots)
 
 V = 0.0  # visible
 X = np.float32(-1e30)  # masked
@@ -117,3 +118,75 @@ def test_layout_cap_refuses_long_forwards_and_survives_a_smaller_context():
     legacy = layout.to_json()
     del legacy["max_pass"]  # schema-1 manifests
     assert KVLayout.from_json(legacy).max_pass is None
+
+
+# ---- the `state` binding: the program writes every row of a pass, rejected drafts included ----------------
+def _state_binding(window=4, max_pass=3, slots=None, max_context=40):
+    slots = slots or ring_slots(window, max_context, max_pass, BINDING_STATE)
+    layout = KVLayout((CacheSpec(0, FULL, 1, 2, max_context, None), CacheSpec(1, SLIDING, 1, 2, slots, window)),
+                      max_context, max_pass, BINDING_STATE)
+    return KVState(layout)
+
+
+def _verify(state, t, accept):
+    """A verify pass of t rows (all written by the program), then `accept` of them committed."""
+    state.masks(t)
+    state.written(t)
+    state.advance(accept, state.plan_commit(accept))
+
+
+def test_state_rings_are_one_slot_larger_and_need_a_cap():
+    assert ring_slots(4, 100, 3, BINDING_STATE) == 4 + 3 == ring_slots(4, 100, 3) + 1
+    with pytest.raises(ConfigError, match="cap"):
+        ring_slots(4, 100, None, BINDING_STATE)
+    layout = _state_binding().layout
+    assert KVLayout.from_json(layout.to_json()) == layout and layout.binding == BINDING_STATE
+
+
+def test_state_write_reject_and_rewind():
+    """Rejected rows sit in their slots but are masked; a later pass overwrites them; a rewind past a key that a
+    rejected row clobbered in the ring raises instead of reading the clobbered slot."""
+    state = _state_binding()  # ring of 7 slots, window 4, passes of <= 3
+    _verify(state, 3, 3)  # positions 0..2 committed
+    _verify(state, 3, 1)  # writes 3, 4, 5; keeps 3
+    assert state.length == 4
+    ring = state.slot_pos[SLIDING]
+    assert [int(ring[p % 7]) for p in (3, 4, 5)] == [3, 4, 5]  # the rejected rows are physically there
+    mask = state.masks(1)[SLIDING][0, 0, 0]  # the next query (at 4) must not see 4 or 5 in the cache part
+    assert mask[4 % 7] == X and mask[5 % 7] == X and mask[3 % 7] == V
+    for _ in range(3):  # ... passes of 3 writing 2 rows past the committed ones, wrapping the ring
+        _verify(state, 3, 1)
+    assert state.length == 7 and state.retained_from[SLIDING] == 9 - 7  # rows written up to position 8
+    state.rewind(6)  # a query at 6 reads 3, 4, 5: still held
+    with pytest.raises(KVStateError, match="evicted"):
+        state.rewind(4)  # reads position 1, whose slot the (rejected) row at 8 took
+
+
+def test_state_ring_wrap_inside_one_pass_keeps_what_the_pass_reads():
+    """A pass of max_pass rows whose slots wrap around the ring never takes a slot that one of its own rows, or the
+    next pass, still reads (W + max_pass slots; one fewer is caught by the window check)."""
+    window, max_pass = 4, 3
+    for start in range(0, 12):
+        state = _state_binding(window, max_pass)
+        for _ in range(start):
+            _verify(state, 1, 1)
+        _verify(state, max_pass, 1)  # wraps for some starts; only the first row accepted
+        state.masks(max_pass)  # the next pass's window is whole
+        state.drafter_masks()  # ... and so is the drafter's W + 1 keys before the bonus token
+    small = _state_binding(window, max_pass, slots=window + max_pass - 1)
+    for _ in range(6):
+        _verify(small, 1, 1)
+    _verify(small, max_pass, 1)
+    with pytest.raises(KVStateError, match="the drafter"):
+        small.drafter_masks()
+
+
+def test_state_drafter_window_sees_committed_keys_only():
+    state = _state_binding(window=4, max_pass=3)
+    for _ in range(5):
+        _verify(state, 1, 1)  # positions 0..4
+    _verify(state, 3, 2)  # writes 5, 6, 7; commits 5, 6: the bonus token is at 7
+    mask = state.drafter_masks()[SLIDING][0, 0, 0]
+    ring = state.slot_pos[SLIDING]
+    visible = sorted(int(ring[s]) for s in range(len(ring)) if mask[s] == V)
+    assert visible == [2, 3, 4, 5, 6]  # W + 1 = 5 committed keys before 7; the rejected row at 7 is hidden

@@ -1,0 +1,266 @@
+"""ExecuTorch exporter: ONE .pte whose methods are the target's forward and the drafter's step, XNNPACK-delegated,
+the KV caches living in the program as mutable buffers shared by both methods (the KV contract's `state` binding).
+
+    edge-spec export --format executorch --quant fp32|8da4w --out B
+
+Layout of the program (`Program`):
+  * buffers `k_cache_{l}` / `v_cache_{l}` per cached target layer l, shaped [H_kv, S, 1, D]: the contract's
+    head-major [1, H_kv, S, D] cache with the heads as the batch of ExecuTorch's `llama::update_cache_with_indices`,
+    which writes a forward's new rows in place at their slots (position, or position % ring) - a portable
+    `index_copy_` on a buffer would copy the whole buffer every step;
+  * method `target(input_ids [1, T], position_ids [1, T], mask.<kind> [1, 1, T, S_kind + T]) -> (logits, hidden)`:
+    writes all T rows (rejected drafts included: the runtime's KVState masks them), then attends over the first
+    S_kind slots of each buffer with the batch-invariant slot attention (edge_spec.model.attend_slots, keys already
+    in their slots), so a verify pass reproduces decode steps row for row; T <= max_pass (the planned buffers and
+    the rings, W + max_pass, are sized for it);
+  * method `drafter(input_ids [1, 1], hidden [1, 1, H], position_ids [1, 1], mask.<kind> [1, 1, 1, S_kind]) ->
+    (draft_token_ids, draft_logits, draft_hidden)`: reads its source layers' buffers in place (no cache of its own,
+    no copy), and the target's embedding / tied output table inside the same program;
+  * constant methods with the facts a runner needs (vocab, EOS, max context, max pass, layout) - the manifest has
+    them too.
+`MemoryPlanningPass(share_mutable_buffers=True)` gives each buffer one slot shared by every method, so the drafter
+method reads what the target method wrote (executorch's Python `Program` sizes one arena per memory id across the
+methods it loaded: load both once, never run two at once).
+
+Precisions: fp32, and 8da4w (torchao `Int8DynamicActivationIntxWeightConfig`: int8 per-token dynamic activations x
+int4 weights in groups of 32; the embedding table stays fp32). Exporters import the core only, never runtimes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_spec import bundle, kv
+from edge_spec.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
+from edge_spec.checkpoints import LoadedModel
+from edge_spec.drafter import Drafter
+from edge_spec.errors import ConfigError, ExportError
+from edge_spec.formats import FORMATS
+from edge_spec.logs import IMPORT_NOISE, quiet
+from edge_spec.manifest import GraphEntry
+from edge_spec.model import Transformer
+
+PTE_DIR = "executorch"
+PROGRAM_FILE = f"{PTE_DIR}/program.pte"
+TARGET_METHOD = "target"
+DRAFTER_METHOD = "drafter"
+QUANT_GROUP = 32
+
+
+def cache_buffer(kind: str, layer: int) -> str:
+    """Name of a cached layer's K or V buffer in the program (`kind`: "k" | "v"); also its mutable-buffer FQN."""
+    return f"{kind}_cache_{layer}"
+
+
+class Program(nn.Module):
+    """The target (+ drafter) with the KV caches as buffers; `target_forward` and `drafter_step` are the methods."""
+
+    def __init__(self, target: Transformer, layout: kv.KVLayout, drafter: Drafter | None = None,
+                 sources: dict[str, int] | None = None):
+        super().__init__()
+        self.target, self.drafter, self.layout = target, drafter, layout
+        self.kinds = layout.kinds()
+        self.sources = {kind: next(i for i, c in enumerate(layout.caches) if c.layer == layer)
+                        for kind, layer in (sources or {}).items()}
+        if drafter is not None and drafter.cfg.head_from == "target":  # the drafter scores with the target's table:
+            self.head_table = target.lm_head.weight  # kept fp32 (8da4w quantizes lm_head's own reference only)
+        for c in layout.caches:  # [H_kv, S, 1, D]: heads as update_cache_with_indices' batch
+            for name in ("k", "v"):
+                self.register_buffer(cache_buffer(name, c.layer), torch.zeros(c.num_kv_heads, c.slots, 1, c.head_dim),
+                                     persistent=False)
+
+    def _cache(self, i: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached layer i's K and V as [1, H_kv, slots, D] views (the first `slots` slots)."""
+        c = self.layout.caches[i]
+        return tuple(getattr(self, cache_buffer(name, c.layer)).view(1, c.num_kv_heads, c.slots, c.head_dim)[:, :, :slots]
+                     for name in ("k", "v"))
+
+    def target_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *masks: torch.Tensor):
+        t = input_ids.shape[1]
+        bound = {kind: m.shape[-1] - t for kind, m in zip(self.kinds, masks)}  # slots attended per kind
+
+        def write(i: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):  # k, v: [1, H_kv, T, D]
+            c = self.layout.caches[i]
+            index = slots.view(1, t).expand(c.num_kv_heads, t)
+            for name, rows in (("k", k), ("v", v)):
+                torch.ops.llama.update_cache_with_indices(rows[0].unsqueeze(2), getattr(self, cache_buffer(name, c.layer)),
+                                                          0, index)
+            return self._cache(i, bound[c.kind])
+
+        out = self.target(input_ids, position_ids, dict(zip(self.kinds, masks)), [], [], write=write)
+        return out.logits, out.hidden
+
+    def drafter_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                     *masks: torch.Tensor):
+        kinds = sorted(self.sources)
+        embed = F.embedding(input_ids, self.target.model.embed_tokens.weight) * self.target.embed_scale  # [1, 1, Ht]
+        kv_in = {kind: self._cache(self.sources[kind], m.shape[-1]) for kind, m in zip(kinds, masks)}
+        head = self.head_table if self.drafter.cfg.head_from == "target" else None
+        out = self.drafter(embed, hidden, position_ids, dict(zip(kinds, masks)), kv_in, head)
+        return out.token_ids, out.logits, out.hidden
+
+
+@contextlib.contextmanager
+def _method(program: Program, forward: Callable):
+    """Export `forward` as `program`'s forward (one module, so every method shares the buffers' FQNs)."""
+    program.forward = forward
+    try:
+        yield program
+    finally:
+        del program.forward
+
+
+@contextlib.contextmanager
+def _exporting(model: Transformer, layout: kv.KVLayout):
+    """The target as the program runs it: slot attention, rings addressed by position % slots."""
+    model.slot_attention = True
+    model.sliding_ring = layout.slots(kv.SLIDING) if kv.SLIDING in layout.kinds() else None
+    try:
+        with warnings.catch_warnings(), quiet("torch", "torch.export", *IMPORT_NOISE):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        model.slot_attention, model.sliding_ring = False, None
+
+
+def _export(program: Program, forward: Callable, args: tuple, dynamic: tuple, what: str):
+    try:
+        with _method(program, forward), torch.no_grad():
+            return torch.export.export(program, args, dynamic_shapes=dynamic, strict=False,
+                                       prefer_deferred_runtime_asserts_over_guards=True)
+    except Exception as err:  # torch.export raises many types; say which method failed and why
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ExportError(f"torch.export failed for the {what} method: {first[:300]}",
+                          "use --format onnx for this model, or report the model config") from err
+
+
+def export_target_method(program: Program):
+    layout = program.layout
+    t = 3
+    ids = torch.zeros(1, t, dtype=torch.long)
+    pos = torch.arange(4, 4 + t)[None]
+    masks = tuple(torch.zeros(1, 1, t, min(8, layout.slots(kind)) + t) for kind in program.kinds)
+    t_dim = torch.export.Dim(kv.T_DIM, min=1, max=layout.max_pass)
+    dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in program.kinds))
+    return _export(program, program.target_forward, (ids, pos, *masks), dynamic, "target")
+
+
+def export_drafter_method(program: Program):
+    kinds = sorted(program.sources)
+    hidden = torch.zeros(1, 1, program.target.cfg.hidden_size)
+    ids, pos = torch.zeros(1, 1, dtype=torch.long), torch.tensor([[8]])
+    masks = tuple(torch.zeros(1, 1, 1, min(8, program.layout.slots(kind))) for kind in kinds)
+    s_dims = {kind: torch.export.Dim(kv.slots_dim(kind), min=1, max=program.layout.slots(kind)) for kind in kinds}
+    dynamic = (None, None, None, tuple({3: s_dims[kind]} for kind in kinds))
+    return _export(program, program.drafter_step, (ids, hidden, pos, *masks), dynamic, "drafter")
+
+
+def quantize_8da4w(module: nn.Module) -> None:
+    """int8 per-token dynamic activations x int4 weights in groups of 32 on every Linear (torchao), in place."""
+    with quiet(*IMPORT_NOISE):
+        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+        from torchao.quantization.granularity import PerGroup
+
+    quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
+                                                            weight_granularity=PerGroup(QUANT_GROUP)))
+
+
+def constant_methods(job: bundle.ExportJob) -> dict:
+    cfg, layout = job.target.config, job.layout
+    return {"get_vocab_size": cfg.vocab_size, "get_max_context_len": layout.max_context,
+            "get_max_pass": layout.max_pass, "get_eos_ids": sorted(job.target.stop_ids),
+            "get_hidden_size": cfg.hidden_size, "get_n_cached_layers": len(layout.caches),
+            "get_ring_slots": max((c.slots for c in layout.caches if c.window), default=0)}
+
+
+def _custom_ops() -> None:
+    """Register ExecuTorch's LLM ops with torch (llama::update_cache_with_indices) before tracing."""
+    with quiet(*IMPORT_NOISE):
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+
+def lower(methods: dict, constants: dict) -> bytes:
+    """XNNPACK-delegate every method and plan one shared slot per mutable buffer; returns the .pte bytes."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+
+    with warnings.catch_warnings(), quiet("torch", "torch.export", "executorch", *IMPORT_NOISE):
+        warnings.simplefilter("ignore")
+        edge = to_edge_transform_and_lower(methods, partitioner={name: [XnnpackPartitioner()] for name in methods},
+                                           compile_config=EdgeCompileConfig(_check_ir_validity=False),
+                                           constant_methods=constants)
+        program = edge.to_executorch(ExecutorchBackendConfig(
+            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, share_mutable_buffers=True),
+            emit_mutable_buffer_names=True))
+    return program.buffer
+
+
+# ---- the bundle --------------------------------------------------------------------------------------
+def export_steps(with_drafter: bool) -> int:
+    """How many times `export_bundle` calls `progress` (for a progress bar)."""
+    return COMMON_STEPS + 3 + (1 if with_drafter else 0)
+
+
+def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
+                  drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
+                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
+                  progress: Callable[[str], None] | None = None) -> Path:
+    """Export `target` (+ `drafter`) to an ExecuTorch bundle at `out`, atomically (edge_spec.bundle.export).
+
+    `max_pass` (default 64, or max_draft_len + 1): the most tokens per forward; the program's buffers are planned
+    for it and its rings hold W + max_pass keys."""
+    return bundle.export(target, out, fmt=FORMATS["executorch"], write=_write, drafter=drafter,
+                         drafter_source=drafter_source, precision=precision, max_context=max_context,
+                         max_draft_len=max_draft_len, max_pass=max_pass, progress=progress)
+
+
+def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
+    cfg, layout, step = job.target.config, job.layout, job.step
+    if layout.max_pass is None:
+        raise ConfigError("an ExecuTorch program needs a cap on the tokens per forward", "pass --max-pass")
+    _custom_ops()
+    program = Program(job.target.model, layout, job.drafter, job.sources).eval()
+    if job.precision == "8da4w":
+        step("quantizing (8da4w: int8 dynamic activations, int4 weights in groups of 32)")
+        program = _quantized_copy(program)
+    else:
+        step("preparing the program (fp32)")
+    step("exporting the target method")
+    with _exporting(program.target, layout):
+        methods = {TARGET_METHOD: export_target_method(program)}
+        if job.drafter is not None:
+            step("exporting the drafter method")
+            methods[DRAFTER_METHOD] = export_drafter_method(program)
+    step("lowering to XNNPACK and writing the .pte")
+    data = lower(methods, constant_methods(job))
+    del methods, program
+    gc.collect()
+    (job.tmp / PTE_DIR).mkdir()
+    (job.tmp / PROGRAM_FILE).write_bytes(data)
+    graphs = {"target": GraphEntry(PROGRAM_FILE, job.precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size),
+                                   method=TARGET_METHOD)}
+    if job.drafter is not None:
+        io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size, job.drafter.cfg.candidates_per_step,
+                           output_table=False)
+        graphs["drafter"] = GraphEntry(PROGRAM_FILE, job.precision, io, method=DRAFTER_METHOD)
+    return graphs, {}
+
+
+def _quantized_copy(program: Program) -> Program:
+    """A deep copy with every Linear quantized (the caller's models stay fp32)."""
+    import copy
+
+    clone = copy.deepcopy(program)
+    quantize_8da4w(clone.target)
+    if clone.drafter is not None:
+        quantize_8da4w(clone.drafter)
+    return clone

@@ -1,0 +1,167 @@
+"""ExecuTorch runtime: the Backend and DrafterBackend over one .pte's `target` and `drafter` methods (XNNPACK, CPU),
+which share the program's KV-cache buffers (the contract's `state` binding, exporters/executorch.py).
+
+The program writes every row of a forward into its caches itself, so `commit` only accepts (KVState masks the
+rows it did not accept) and nothing is copied per step. Each forward attends over the first S_kind slots of each
+cache, S_kind = the smallest multiple of BUCKET that holds every key visible to the pass and the slots it writes
+(the whole ring once a ring wraps): the runtime passes that many mask columns and the program slices its buffers to
+them, so attention cost follows the context in use. Both methods are loaded once and never run at the same time
+(executorch's Python Program plans one arena per memory id across the methods it loaded).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edge_spec import kv
+from edge_spec.backend import DraftStep, StepOutput
+from edge_spec.errors import BundleError, ConfigError
+from edge_spec.kv import KVLayout
+from edge_spec.logs import IMPORT_NOISE, quiet
+
+BUCKET = 64
+_FIX = "re-export the bundle: edge-spec export --format executorch --out DIR"
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def load_program(path: Path):
+    """The .pte as an executorch Program (custom LLM ops registered first), or a BundleError naming the file."""
+    try:
+        with quiet(*IMPORT_NOISE):
+            import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (kernels of llama::update_cache_*)
+            from executorch.runtime import Runtime
+    except ImportError as err:
+        raise ConfigError(f"the executorch runtime is not installed ({err.name or err})",
+                          "pip install executorch==1.5.1") from err
+    if not path.is_file():
+        raise BundleError(f"{path} is missing", _FIX)
+    try:
+        return Runtime.get().load_program(path)
+    except Exception as err:  # executorch raises RuntimeError / ValueError with its own error codes
+        raise BundleError(f"{path}: executorch cannot load this program ({str(err).strip()[:200] or type(err).__name__})",
+                          f"the file is not a valid .pte for this runtime; {_FIX}") from err
+
+
+def _load_method(program, name: str, path: Path, n_inputs: int, n_outputs: int):
+    if name not in program.method_names:
+        raise BundleError(f"{path} has no method {name!r} (it has {', '.join(sorted(program.method_names))})", _FIX)
+    meta = program.metadata(name)
+    if meta.num_inputs() != n_inputs or meta.num_outputs() != n_outputs:
+        raise BundleError(f"{path}: method {name!r} takes {meta.num_inputs()} inputs and returns {meta.num_outputs()}, "
+                          f"the manifest says {n_inputs} and {n_outputs}", _FIX)
+    try:
+        return program.load_method(name)
+    except Exception as err:
+        raise BundleError(f"{path}: executorch cannot load method {name!r} ({str(err).strip()[:200]})", _FIX) from err
+
+
+def set_threads(threads: int | None) -> int:
+    """XNNPACK's thread pool size (process-wide in executorch's Python bindings); returns the count in use."""
+    from executorch.extension.pybindings import portable_lib
+
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigError(f"threads must be an integer >= 1, got {threads!r}")
+        if threads != portable_lib._threadpool_get_thread_count():
+            portable_lib._unsafe_reset_threadpool(threads)
+    return portable_lib._threadpool_get_thread_count()
+
+
+def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str = "cpu",
+                spin: bool = True) -> tuple["ExecutorchBackend", "ExecutorchDrafter | None"]:
+    """The runtime half of the executorch format (edge_spec.formats). `spin` has no meaning here (XNNPACK's pool)."""
+    if provider != "cpu":
+        raise ConfigError(f"the executorch runtime runs XNNPACK on the CPU, not provider {provider!r}",
+                          "drop --provider, or export an onnx bundle for onnxruntime's providers")
+    entry = manifest.graphs["target"]
+    path = folder / entry.file
+    program = load_program(path)
+    count = set_threads(threads)
+    target = _load_method(program, entry.method, path, len(entry.io.inputs), len(entry.io.outputs))
+    import executorch
+
+    identity = f"executorch {getattr(executorch, '__version__', '1.5.1')}, XNNPACK, {count} threads"
+    backend = ExecutorchBackend(program, target, layout, manifest.vocab_size, manifest.hidden_size, identity)
+    if manifest.drafter is None:
+        return backend, None
+    d = manifest.graphs["drafter"]
+    drafter = _load_method(program, d.method, folder / d.file, len(d.io.inputs), len(d.io.outputs))
+    sources = {kind: int(layer) for kind, layer in manifest.drafter.kv_sharing.items()}
+    return backend, ExecutorchDrafter(drafter, backend, sources)
+
+
+class ExecutorchBackend:
+    """edge_spec.backend.Backend over the program's `target` method (the program owns the caches)."""
+
+    name = "executorch"
+
+    def __init__(self, program, method, layout: KVLayout, vocab_size: int, hidden_size: int, identity: str):
+        self.program, self.method, self.layout = program, method, layout  # the program must outlive its methods
+        self.vocab, self.hidden_size = vocab_size, hidden_size
+        self.identity = identity  # what kernels run: part of the host check's cache key
+        self.bucket = {kind: kv.bucket_slots(0, layout.slots(kind), BUCKET) for kind in layout.kinds()}
+        self.kernel_s = 0.0  # seconds inside executorch
+
+    @property
+    def bucket_size(self) -> int:
+        """The host check probes verify passes across the edges of the slots attended (multiples of this)."""
+        return BUCKET
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
+                n_cached: int, last_only: bool) -> StepOutput:
+        torch = _torch()
+        t = input_ids.shape[1]
+        inputs = [torch.from_numpy(np.ascontiguousarray(input_ids)), torch.from_numpy(np.ascontiguousarray(position_ids))]
+        for kind in self.layout.kinds():  # [1, 1, T, S + T] -> the attended [1, 1, T, b + T]
+            s = self.layout.slots(kind)
+            b = self.bucket[kind] = kv.bucket_slots(min(s, n_cached + t), s, BUCKET)
+            mask = masks[kind]
+            inputs.append(torch.from_numpy(np.concatenate([mask[..., :b], mask[..., s:]], axis=-1)))
+        start = time.perf_counter()
+        logits, hidden = self.method.execute(inputs)
+        self.kernel_s += time.perf_counter() - start
+        rows = slice(t - 1, t) if last_only else slice(0, t)
+        return StepOutput(logits[0, rows].numpy().copy(), hidden[0, rows].numpy().copy())
+
+    def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Nothing to write: the program wrote every row of the last forward; KVState records which it accepted."""
+
+    def reset(self) -> None:
+        """Nothing to drop: the buffers keep stale rows, which KVState's masks hide."""
+
+
+class ExecutorchDrafter:
+    """edge_spec.backend.DrafterBackend over the program's `drafter` method, reading the target's cache buffers."""
+
+    def __init__(self, method, target: ExecutorchBackend, sources: dict[str, int]):
+        self.method, self.target = method, target
+        self.kinds = sorted(sources)
+        self.kernel_s = 0.0
+        self._inputs = None
+
+    def begin(self, position: int, masks: dict[str, np.ndarray], n_cached: int) -> None:
+        torch = _torch()
+        views = []
+        for kind in self.kinds:  # the committed keys: the first b slots hold them all
+            s = self.target.layout.slots(kind)
+            b = kv.bucket_slots(min(s, n_cached), s, BUCKET)
+            views.append(torch.from_numpy(np.ascontiguousarray(masks[kind][..., :b])))
+        self._inputs = [torch.tensor([[position]], dtype=torch.long), views]
+
+    def step(self, token: int, hidden: np.ndarray) -> DraftStep:
+        torch = _torch()
+        position, masks = self._inputs
+        inputs = [torch.tensor([[token]], dtype=torch.long), torch.from_numpy(hidden.reshape(1, 1, -1).astype(np.float32)),
+                  position, *masks]
+        start = time.perf_counter()
+        ids, logits, nxt = self.method.execute(inputs)
+        self.kernel_s += time.perf_counter() - start
+        return DraftStep(ids.numpy().copy(), logits.numpy().copy(), nxt[0, 0].numpy().copy())
