@@ -182,7 +182,7 @@ def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: st
         if drafter is not None:
             raise ConfigError("a bundle brings its own drafter; `drafter` cannot be combined with `bundle`",
                               "re-export the bundle with --drafter, or load the checkpoint instead of the bundle")
-        return load_bundle(bundle, runtime=runtime or "ort", threads=threads, provider=provider,
+        return load_bundle(bundle, runtime=runtime, threads=threads, provider=provider,
                            max_context=max_context, spin=spin, host_check=host_check)
     runtime = runtime or "torch"
     _check_runtime(runtime)

@@ -46,7 +46,7 @@ from edge_spec.errors import ConfigError, ExportError
 from edge_spec.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.manifest import GraphEntry
-from edge_spec.model import Transformer
+from edge_spec.model import Transformer, gelu_tanh, gelu_tanh_spelled
 
 PTE_DIR = "executorch"
 PROGRAM_FILE = f"{PTE_DIR}/program.pte"
@@ -119,16 +119,23 @@ def _method(program: Program, forward: Callable):
 
 
 @contextlib.contextmanager
-def _exporting(model: Transformer, layout: kv.KVLayout):
-    """The target as the program runs it: slot attention, rings addressed by position % slots."""
+def _exporting(program: Program):
+    """The models as the program runs them: slot attention, rings addressed by position % slots, and GELU written
+    out (`model.gelu_tanh_spelled`: XNNPACK's lowering of the fused tanh GELU computes the erf one)."""
+    model, layout = program.target, program.layout
     model.slot_attention = True
     model.sliding_ring = layout.slots(kv.SLIDING) if kv.SLIDING in layout.kinds() else None
+    swapped = [m for m in program.modules() if getattr(m, "gelu", None) is gelu_tanh]
+    for m in swapped:
+        m.gelu = gelu_tanh_spelled
     try:
         with warnings.catch_warnings(), quiet("torch", "torch.export", *IMPORT_NOISE):
             warnings.simplefilter("ignore")
             yield
     finally:
         model.slot_attention, model.sliding_ring = False, None
+        for m in swapped:
+            m.gelu = gelu_tanh
 
 
 def _export(program: Program, forward: Callable, args: tuple, dynamic: tuple, what: str):
@@ -163,14 +170,18 @@ def export_drafter_method(program: Program):
     return _export(program, program.drafter_step, (ids, hidden, pos, *masks), dynamic, "drafter")
 
 
-def quantize_8da4w(module: nn.Module) -> None:
-    """int8 per-token dynamic activations x int4 weights in groups of 32 on every Linear (torchao), in place."""
+def quantize_8da4w(module: nn.Module, skip: tuple[str, ...] = ()) -> None:
+    """int8 per-token dynamic activations x int4 weights in groups of 32 on every Linear whose input width is a
+    multiple of 32 (torchao), in place; narrower ones (tiny test models' per-layer inputs) stay fp32, and so do the
+    modules named in `skip` (a drafter's lm_head, which its head reads as a table: gathered rows, not a Linear call;
+    its centroid scorer, called on one vector, which XNNPACK's dynamic-quant lowering does not take)."""
     with quiet(*IMPORT_NOISE):
         from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
         from torchao.quantization.granularity import PerGroup
 
-    quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
-                                                            weight_granularity=PerGroup(QUANT_GROUP)))
+    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(QUANT_GROUP))
+    quantize_(module, config, filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and m.in_features % QUANT_GROUP == 0
+              and fqn not in skip)
 
 
 def constant_methods(job: bundle.ExportJob) -> dict:
@@ -235,7 +246,7 @@ def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
     else:
         step("preparing the program (fp32)")
     step("exporting the target method")
-    with _exporting(program.target, layout):
+    with _exporting(program):
         methods = {TARGET_METHOD: export_target_method(program)}
         if job.drafter is not None:
             step("exporting the drafter method")
@@ -262,5 +273,5 @@ def _quantized_copy(program: Program) -> Program:
     clone = copy.deepcopy(program)
     quantize_8da4w(clone.target)
     if clone.drafter is not None:
-        quantize_8da4w(clone.drafter)
+        quantize_8da4w(clone.drafter, skip=("lm_head", "masked_embedding.centroids"))  # tables / 1-D inputs
     return clone

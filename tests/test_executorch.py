@@ -1,0 +1,244 @@
+"""ExecuTorch export + runtime: one .pte, target and drafter methods sharing the KV buffers (the `state` binding).
+
+Tiny random checkpoints (tests/tiny.py); each bundle is exported once per module (a tiny export takes ~1 min: most
+of it XNNPACK's lowering of each delegated partition).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from edge_spec import checkpoints, kv
+from edge_spec.api import load_bundle
+from edge_spec.backend import DraftStep, Session
+from edge_spec.cli import main
+from edge_spec.drafter import check_pair
+from edge_spec.errors import BundleError, ConfigError
+from edge_spec.exporters.executorch import DRAFTER_METHOD, PROGRAM_FILE, TARGET_METHOD, export_bundle
+from edge_spec.generate import generate_plain
+from edge_spec.manifest import MANIFEST, read_manifest, sha256_file
+from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
+from edge_spec.sampling import SamplingParams
+from edge_spec.speculative import generate_speculative
+from tests.test_onnx import LOGITS_TOL, differing_windows, host_checked_session, prompt_ids, tiny_drafter
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama, tmp_path_factory):
+    """Tiny llama + a clustered drafter scoring with the target's (tied) table."""
+    target = checkpoints.load(str(tiny_llama[0]))
+    drafter = tiny_drafter(target.config, head_from="target")
+    folder = export_bundle(target, tmp_path_factory.mktemp("et") / "llama", drafter=drafter, max_context=160)
+    return folder, target, drafter
+
+
+@pytest.fixture(scope="module")
+def gemma(tiny_gemma4, tmp_path_factory):
+    """Tiny Gemma-4 (sliding rings, KV sharing, per-layer inputs, tanh GELU) + a dense-head drafter."""
+    target = checkpoints.load(str(tiny_gemma4[0]))
+    drafter = tiny_drafter(target.config, clustered=False)
+    folder = export_bundle(target, tmp_path_factory.mktemp("et") / "gemma", drafter=drafter, max_context=96,
+                           max_pass=9)  # rings of 6 + 9 = 15 slots: wrapped many times below
+    return folder, target, drafter
+
+
+@pytest.fixture(params=["llama", "gemma"])
+def pair(request):
+    return request.getfixturevalue(request.param)
+
+
+def parts(folder):
+    engine = load_bundle(folder, threads=2)
+    return engine.session.backend, engine.drafter, engine
+
+
+class OracleDrafter:
+    """Proposes the known greedy continuation, wrong where `wrong(position)` says: always right, always wrong,
+    every third wrong, or at random - accepted bursts, rejected ones, rewrites of rejected slots."""
+
+    def __init__(self, continuation, prompt_len, wrong):
+        self.continuation, self.prompt_len, self.wrong = continuation, prompt_len, wrong
+
+    def begin(self, position, masks, n_cached):
+        self.position, self.offset = position, 0
+
+    def step(self, token, hidden):
+        self.offset += 1
+        pos = self.position + self.offset
+        i = pos - self.prompt_len
+        tok = self.continuation[i] if 0 <= i < len(self.continuation) else 4
+        if self.wrong(pos):
+            tok = 4 + (tok + 1) % 300
+        return DraftStep(np.array([tok]), np.array([1.0], dtype=np.float32), hidden)
+
+
+# ---- the bundle --------------------------------------------------------------------------------------
+def test_manifest_records_one_program_with_two_methods_and_state_rings(llama, gemma):
+    m = read_manifest(llama[0])
+    assert (m.format, m.binding, m.layout.binding, m.precision) == ("executorch", "state", "state", "fp32")
+    assert {g.file for g in m.graphs.values()} == {PROGRAM_FILE}
+    assert (m.graphs["target"].method, m.graphs["drafter"].method) == (TARGET_METHOD, DRAFTER_METHOD)
+    assert [t.name for t in m.graphs["target"].io.inputs] == ["input_ids", "position_ids", "mask.full"]
+    assert not m.tables  # the drafter reads the target's table inside the program
+    g = read_manifest(gemma[0])
+    assert g.layout.max_pass == 9 and g.layout.slots(kv.SLIDING) == 6 + 9  # W + max_pass under `state`
+
+
+# ---- parity ---------------------------------------------------------------------------------------
+def test_target_logits_match_eager_through_commits_and_rewinds(pair):
+    folder, target, _ = pair
+    backend, _, engine = parts(folder)
+    ours, ref = Session(backend, prefill_chunk=7), Session(TorchBackend(target.model, engine.session.state.layout),
+                                                           prefill_chunk=7)
+    rng = np.random.default_rng(0)
+    ids = prompt_ids(19)
+    worst = np.abs(ours.prefill(ids).logits - ref.prefill(ids).logits).max()
+    for step in range(40):
+        tokens = prompt_ids(1 + step % 4, seed=step)
+        a, b = ours.forward(tokens), ref.forward(tokens)
+        worst = max(worst, np.abs(a.logits - b.logits).max())
+        assert np.abs(a.hidden - b.hidden).max() <= 1e-3 * max(1.0, np.abs(b.hidden).max())
+        n = int(rng.integers(1, len(tokens) + 1))  # the program wrote all rows; only n are accepted
+        ours.commit(n)
+        ref.commit(n)
+        if step in (12, 30):
+            back = ours.length - 2
+            ours.rewind(back)
+            ref.rewind(back)
+    assert worst <= LOGITS_TOL
+
+
+def test_drafter_steps_match_eager(pair):
+    folder, target, drafter = pair
+    backend, et_drafter, engine = parts(folder)
+    layout = engine.session.state.layout
+    torch_backend = TorchBackend(target.model, layout)
+    ours, ref = Session(backend), Session(torch_backend)
+    eager = TorchDrafter(drafter, torch_backend, check_pair(target.config, drafter.cfg))
+    ids = prompt_ids(13, seed=3)
+    out = ours.prefill(ids)
+    ref.prefill(ids)
+    token, hidden = int(out.logits[-1].argmax()), out.hidden[-1]
+    for runner in (et_drafter, eager):
+        runner.begin(ours.length, ours.state.drafter_masks(), ours.length)
+    for _ in range(3):
+        a, b = et_drafter.step(token, hidden), eager.step(token, hidden)
+        assert np.array_equal(a.token_ids, b.token_ids)
+        assert np.abs(a.logits - b.logits).max() <= LOGITS_TOL
+        token, hidden = int(a.token_ids[np.argmax(a.logits)]), a.hidden
+
+
+# ---- exactness ----------------------------------------------------------------------------------
+def test_verify_rows_are_bit_identical_to_decode_steps(pair):
+    """XNNPACK picks microkernels per CPU too: the host check decides the row mode, and in it a verify pass gives
+    the same bits as one-token steps, across bucket edges and (gemma) ring wraps."""
+    folder = pair[0]
+    session = host_checked_session(folder)
+    windows = ((58, 6), (61, 5), (40, 2), (64, 4), (26, 9)) if session.state.layout.max_pass == 9 else \
+        ((58, 6), (61, 5), (40, 2), (64, 4), (120, 9))
+    assert differing_windows(session, prompt_ids(130, seed=5), windows) == []
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_speculative_greedy_equals_plain_greedy(pair, k):
+    folder = pair[0]
+    engine = load_bundle(folder, threads=2)
+    ids = prompt_ids(9, seed=1)
+    plain = engine.generate(ids, max_new_tokens=40, speculative=False)
+    spec = engine.generate(ids, max_new_tokens=40, spec_k=k)
+    assert spec.tokens == plain.tokens and "spec" in spec.extra
+
+
+@pytest.mark.parametrize("wrong", ["never", "always", "every third", "random"])
+def test_rejected_drafts_written_into_the_state_never_change_later_tokens(gemma, wrong):
+    """The program writes rejected drafts into its caches (rings included); whatever the drafter proposes, greedy
+    speculative output through the program equals plain greedy output, over 70 tokens that wrap 15-slot rings."""
+    session = load_bundle(gemma[0], threads=2).session
+    prompt = prompt_ids(11, seed=1)
+    expected = generate_plain(session, prompt, max_new_tokens=70, params=GREEDY, rng=np.random.default_rng(0),
+                              stop_ids=frozenset()).tokens
+    rng = np.random.default_rng(7)
+    rule = {"never": lambda p: False, "always": lambda p: True, "every third": lambda p: p % 3 == 0,
+            "random": lambda p: rng.random() < 0.4}[wrong]
+    out = generate_speculative(session, OracleDrafter(expected, len(prompt), rule), prompt, max_new_tokens=70,
+                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
+    assert out.tokens == expected
+    tau = out.extra["spec"].tau
+    assert (tau > 4.0) if wrong == "never" else (tau == 1.0) if wrong == "always" else (1.0 < tau < 4.0)
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+def _rehash(folder, rel):
+    raw = json.loads((folder / MANIFEST).read_text())
+    path = folder / rel
+    raw["files"][rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    (folder / MANIFEST).write_text(json.dumps(raw))
+
+
+@pytest.fixture()
+def damaged(llama, tmp_path):
+    import shutil
+
+    dst = tmp_path / "bundle"
+    shutil.copytree(llama[0], dst)
+    return dst
+
+
+def test_truncated_or_corrupt_programs_name_the_file(damaged):
+    path = damaged / PROGRAM_FILE
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    with pytest.raises(BundleError, match=r"program\.pte is truncated"):
+        load_bundle(damaged)
+    _rehash(damaged, PROGRAM_FILE)  # checksums re-recorded: only executorch can tell now
+    with pytest.raises(BundleError, match=r"program\.pte: executorch cannot load this program") as err:
+        load_bundle(damaged)
+    assert "re-export" in str(err.value)
+
+
+def test_a_manifest_naming_a_missing_method_is_refused(damaged):
+    raw = json.loads((damaged / MANIFEST).read_text())
+    raw["graphs"]["drafter"]["method"] = "draft_step"
+    (damaged / MANIFEST).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match=r"has no method 'draft_step'"):
+        load_bundle(damaged)
+
+
+def test_cli_export_generate_and_errors(tiny_llama, llama, tmp_path, capsys):
+    assert main(["export", "--model", str(tiny_llama[0]), "--format", "executorch", "--quant", "int4",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "no precision 'int4'" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    base = ["generate", "--bundle", str(llama[0]), "--prompt", "w5 w6 w7", "--max-new-tokens", "10", "--quiet",
+            "--threads", "2"]
+    assert main(base) == 0
+    spec = capsys.readouterr()
+    assert main(base + ["--no-spec"]) == 0
+    plain = capsys.readouterr()
+    assert spec.out == plain.out and "[executorch]" in spec.err and "tau" in spec.err
+    assert main(base + ["--provider", "xnnpack"]) == 2
+    assert "XNNPACK on the CPU" in capsys.readouterr().err
+    assert main(["generate", "--bundle", str(llama[0]), "--runtime", "ort", "--prompt", "w5"]) == 2
+    assert "does not run 'executorch' bundles" in capsys.readouterr().err
+
+
+def test_8da4w_logits_within_bound_and_speculative_exact(llama, tmp_path):
+    """int8 dynamic activations x int4 weights (groups of 32): logits within a relative bound of eager fp32 on the
+    tiny random llama (measured 6-9% of the logits' scale, like ONNX int4), top-1 agreement >= 0.85, and greedy
+    speculative == plain through the quantized program."""
+    _, target, drafter = llama
+    folder = export_bundle(target, tmp_path / "q", drafter=drafter, precision="8da4w", max_context=64)
+    assert read_manifest(folder).precision == "8da4w"
+    engine = load_bundle(folder, threads=2)
+    ref = Session(TorchBackend(target.model, engine.session.state.layout))
+    ids = prompt_ids(24, seed=11)
+    a, b = engine.session.forward(ids).logits, ref.forward(ids).logits
+    assert np.abs(a - b).max() <= 0.25 * np.abs(b).max()
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.85
+    engine.session.reset()
+    plain = engine.generate(ids[:8], max_new_tokens=24, speculative=False)
+    assert engine.generate(ids[:8], max_new_tokens=24, spec_k=2).tokens == plain.tokens
+    with pytest.raises(ConfigError, match="no precision"):
+        export_bundle(target, tmp_path / "bad", precision="int8")
