@@ -20,6 +20,9 @@ from .kv import FULL
 from .rope import TableRope, rope_cos_sin, rope_tables, rotate, rotate_heads
 
 
+STATE = "state"  # marks a KV-sharing source whose cache lives in a program (`state` binding): see Attention._attend
+
+
 class ModelOutput(NamedTuple):
     logits: torch.Tensor  # [1, T, V] (T = 1 when last_only)
     hidden: torch.Tensor  # [1, T, H] final hidden states after the final norm (same T as logits)
@@ -215,16 +218,21 @@ class Attention(nn.Module):
         return self._attend(q, k, v, mask, k_cache, v_cache, shared, slots, write)
 
     def _attend(self, q, k, v, mask, k_cache, v_cache, shared: dict, slots, write=None):
-        """q: [1, H, T, D]; k, v: this step's rows [1, H_kv, T, D] (None: a KV-reusing layer) -> (out, new rows)."""
+        """q: [1, H, T, D]; k, v: this step's rows [1, H_kv, T, D] (None: a KV-reusing layer) -> (out, new rows).
+
+        write: the `state` binding's attention over the program's own cache (`Transformer.forward`)."""
         new = None
         if self.reuses_kv:
             ks, vs = shared[self.kind]  # ((k parts), (v parts)) of the layer this one shares with
+            if ks == STATE:  # the layer it shares with attends over a program buffer: the same buffer, no write
+                return self.o_proj(vs(q, None, None, slots, mask, self.scale)), None
         else:
             new = (k, v)
-            if write is not None:  # `state`: the new rows go into the cache buffers first, attention reads those
-                k_all, v_all = write(k, v, slots)
-                ks, vs = (k_all, None), (v_all,)
-            elif slots is not None:  # keys: the cache + the new rows (scored apart); values: new rows in their slots
+            if write is not None:  # `state`: the hook writes the new rows into its cache buffer and attends over it
+                if self.stores_kv:
+                    shared[self.kind] = (STATE, write)
+                return self.o_proj(write(q, k, v, slots, mask, self.scale)), new
+            if slots is not None:  # keys: the cache + the new rows (scored apart); values: new rows in their slots
                 ks, vs = (k_cache, k), (write_rows(v_cache, v, slots),)
             else:
                 ks, vs = (k_cache, k), (v_cache, v)  # keys = cache slots [S] then new rows [T]
@@ -428,9 +436,10 @@ class Transformer(nn.Module):
         """input_ids, position_ids: [1, T]; masks: kind -> [1, 1, T, S_kind + T];
         k_caches[i], v_caches[i]: [1, H_kv, S, D] for cached layer i (cfg.cached_layers() order).
 
-        write(i, k_new, v_new, slots) -> (k, v): the `state` binding (slot attention only): cached layer i's new rows
-        [1, H_kv, T, D] go into the program's own cache buffers at `slots` and attention reads the returned views
-        [1, H_kv, S, D] (k_caches / v_caches are then unused, pass empty lists)."""
+        write(i, q, k_new, v_new, slots, mask, scale) -> out [1, T, H * D]: the `state` binding (slot attention only):
+        cached layer i's attention over the program's own cache: it writes the new rows [1, H_kv, T, D] (None from a
+        KV-sharing layer, which reads its source's cache) at `slots` and attends q [1, H, T, D] over the cache with
+        `mask` (group_mask's (additive, keep) pair); k_caches / v_caches are unused (pass empty lists)."""
         x = self.embed(input_ids)  # [1, T, H]
         ple = self.per_layer_inputs(input_ids, x) if self.cfg.per_layer_input_size else None
         if self.rope_tables is not None:

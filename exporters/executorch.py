@@ -29,6 +29,7 @@ int4 weights in groups of 32; the embedding table stays fp32). Exporters import 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import warnings
 from pathlib import Path
@@ -46,7 +47,7 @@ from edge_spec.errors import ConfigError, ExportError
 from edge_spec.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.manifest import GraphEntry
-from edge_spec.model import Transformer, gelu_tanh, gelu_tanh_spelled
+from edge_spec.model import Transformer, attend_slots, gelu_tanh, gelu_tanh_spelled
 
 PTE_DIR = "executorch"
 PROGRAM_FILE = f"{PTE_DIR}/program.pte"
@@ -60,42 +61,83 @@ def cache_buffer(kind: str, layer: int) -> str:
     return f"{kind}_cache_{layer}"
 
 
+ATTENTION_FORMS = ("slots", "sdpa")
+
+
 class Program(nn.Module):
-    """The target (+ drafter) with the KV caches as buffers; `target_forward` and `drafter_step` are the methods."""
+    """The target (+ drafter) with the KV caches as buffers; `target_forward` and `drafter_step` are the methods.
+
+    `attention`: "slots" (the default) - edge_spec.model.attend_slots over [H_kv, S, 1, D] buffers viewed head-major:
+    batch-invariant; "sdpa" - ExecuTorch's `llama::custom_sdpa` over [1, S, H_kv, D] buffers, causal from the pass's
+    first position (full attention only): faster at T = 1 but its one-row and multi-row paths sum in other orders
+    (measured, docs/architecture.md "ExecuTorch path"), so the host check turns speculative decoding off with it.
+    Kept for that measurement."""
 
     def __init__(self, target: Transformer, layout: kv.KVLayout, drafter: Drafter | None = None,
-                 sources: dict[str, int] | None = None):
+                 sources: dict[str, int] | None = None, attention: str = "slots"):
         super().__init__()
-        self.target, self.drafter, self.layout = target, drafter, layout
+        if attention not in ATTENTION_FORMS:
+            raise ConfigError(f"unknown attention form {attention!r}", f"choose one of {', '.join(ATTENTION_FORMS)}")
+        if attention == "sdpa" and kv.SLIDING in layout.kinds():
+            raise ConfigError("the sdpa attention form supports full-attention targets only (custom_sdpa masks the "
+                              "whole cache, which the runtime's bucketed masks do not cover)", "use attention='slots'")
+        self.target, self.drafter, self.layout, self.attention = target, drafter, layout, attention
         self.kinds = layout.kinds()
         self.sources = {kind: next(i for i, c in enumerate(layout.caches) if c.layer == layer)
                         for kind, layer in (sources or {}).items()}
         if drafter is not None and drafter.cfg.head_from == "target":  # the drafter scores with the target's table:
             self.head_table = target.lm_head.weight  # kept fp32 (8da4w quantizes lm_head's own reference only)
-        for c in layout.caches:  # [H_kv, S, 1, D]: heads as update_cache_with_indices' batch
+        for c in layout.caches:
+            shape = (c.num_kv_heads, c.slots, 1, c.head_dim) if attention == "slots" else \
+                (1, c.slots, c.num_kv_heads, c.head_dim)
             for name in ("k", "v"):
-                self.register_buffer(cache_buffer(name, c.layer), torch.zeros(c.num_kv_heads, c.slots, 1, c.head_dim),
-                                     persistent=False)
+                self.register_buffer(cache_buffer(name, c.layer), torch.zeros(shape), persistent=False)
+
+    def _kv_buffers(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.layout.caches[i].layer
+        return getattr(self, cache_buffer("k", layer)), getattr(self, cache_buffer("v", layer))
 
     def _cache(self, i: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached layer i's K and V as [1, H_kv, slots, D] views (the first `slots` slots)."""
         c = self.layout.caches[i]
-        return tuple(getattr(self, cache_buffer(name, c.layer)).view(1, c.num_kv_heads, c.slots, c.head_dim)[:, :, :slots]
-                     for name in ("k", "v"))
+        if self.attention == "slots":
+            return tuple(b.view(1, c.num_kv_heads, c.slots, c.head_dim)[:, :, :slots] for b in self._kv_buffers(i))
+        return tuple(b[:, :slots].transpose(1, 2) for b in self._kv_buffers(i))
+
+    def _write(self, i: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Cached layer i's new rows k, v [1, H_kv, T, D] into its buffers at `slots` [T], in place."""
+        c, t = self.layout.caches[i], k.shape[2]
+        for buffer, rows in zip(self._kv_buffers(i), (k, v)):
+            if self.attention == "slots":  # heads as the batch: [H_kv, T, 1, D] into [H_kv, S, 1, D]
+                torch.ops.llama.update_cache_with_indices(rows[0].unsqueeze(2), buffer, 0,
+                                                          slots.view(1, t).expand(c.num_kv_heads, t))
+            else:  # [1, T, H_kv, D] into [1, S, H_kv, D]
+                torch.ops.llama.update_cache_with_indices(rows.transpose(1, 2), buffer, 0, slots.view(1, t))
 
     def target_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *masks: torch.Tensor):
         t = input_ids.shape[1]
         bound = {kind: m.shape[-1] - t for kind, m in zip(self.kinds, masks)}  # slots attended per kind
+        if self.attention == "sdpa":  # full layers attend causally over slots [0, start + T): slot == position
+            start = position_ids[0, 0].item()
+            torch._check_is_size(start)
+            torch._check(start + t <= self.layout.max_context)
 
-        def write(i: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):  # k, v: [1, H_kv, T, D]
-            c = self.layout.caches[i]
-            index = slots.view(1, t).expand(c.num_kv_heads, t)
-            for name, rows in (("k", k), ("v", v)):
-                torch.ops.llama.update_cache_with_indices(rows[0].unsqueeze(2), getattr(self, cache_buffer(name, c.layer)),
-                                                          0, index)
-            return self._cache(i, bound[c.kind])
+        def attend(i: int, q, k, v, slots, mask, scale):  # q: [1, H, T, D]; k, v: [1, H_kv, T, D] or None
+            if k is not None:
+                self._write(i, k, v, slots)
+            b = bound[self.layout.caches[i].kind]
+            if self.attention == "slots":
+                kc, vc = self._cache(i, b)
+                return attend_slots(q, kc, None, slots, vc, *mask, scale)
+            kb, vb = self._kv_buffers(i)
+            if self.layout.caches[i].kind == kv.FULL:  # rows past start + T (rejected drafts) are never read
+                out = torch.ops.llama.custom_sdpa(q.transpose(1, 2), kb, vb, start, None, 0.0, True, scale)
+            else:  # a ring: the whole ring under the [T, R] mask (its kernel takes a mask of the full cache only)
+                additive = mask[0][0, 0, :t]  # group_mask tiles the rows: the first T are the mask itself
+                out = torch.ops.llama.custom_sdpa(q.transpose(1, 2), kb, vb, 0, additive, 0.0, False, scale)
+            return out.reshape(1, t, -1)  # [1, T, H * D]
 
-        out = self.target(input_ids, position_ids, dict(zip(self.kinds, masks)), [], [], write=write)
+        out = self.target(input_ids, position_ids, dict(zip(self.kinds, masks)), [], [], write=attend)
         return out.logits, out.hidden
 
     def drafter_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
@@ -156,7 +198,12 @@ def export_target_method(program: Program):
     pos = torch.arange(4, 4 + t)[None]
     masks = tuple(torch.zeros(1, 1, t, min(8, layout.slots(kind)) + t) for kind in program.kinds)
     t_dim = torch.export.Dim(kv.T_DIM, min=1, max=layout.max_pass)
-    dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in program.kinds))
+    if program.attention == "slots":  # the mask's width - T = the slots attended (derived inside the graph)
+        cols = {kind: torch.export.Dim.AUTO for kind in program.kinds}
+    else:  # sdpa reads no mask width on full layers: declare it, or export would specialise the unused dim
+        cols = {kind: torch.export.Dim(f"cols_{kind}", min=2, max=layout.slots(kind) + layout.max_pass)
+                for kind in program.kinds}
+    dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: cols[kind]} for kind in program.kinds))
     return _export(program, program.target_forward, (ids, pos, *masks), dynamic, "target")
 
 
@@ -224,22 +271,23 @@ def export_steps(with_drafter: bool) -> int:
 def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
                   drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
                   max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
-                  progress: Callable[[str], None] | None = None) -> Path:
+                  progress: Callable[[str], None] | None = None, attention: str = "slots") -> Path:
     """Export `target` (+ `drafter`) to an ExecuTorch bundle at `out`, atomically (edge_spec.bundle.export).
 
     `max_pass` (default 64, or max_draft_len + 1): the most tokens per forward; the program's buffers are planned
     for it and its rings hold W + max_pass keys."""
-    return bundle.export(target, out, fmt=FORMATS["executorch"], write=_write, drafter=drafter,
+    write = functools.partial(_write, attention=attention)
+    return bundle.export(target, out, fmt=FORMATS["executorch"], write=write, drafter=drafter,
                          drafter_source=drafter_source, precision=precision, max_context=max_context,
                          max_draft_len=max_draft_len, max_pass=max_pass, progress=progress)
 
 
-def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
+def _write(job: bundle.ExportJob, *, attention: str) -> tuple[dict, dict]:
     cfg, layout, step = job.target.config, job.layout, job.step
     if layout.max_pass is None:
         raise ConfigError("an ExecuTorch program needs a cap on the tokens per forward", "pass --max-pass")
     _custom_ops()
-    program = Program(job.target.model, layout, job.drafter, job.sources).eval()
+    program = Program(job.target.model, layout, job.drafter, job.sources, attention).eval()
     if job.precision == "8da4w":
         step("quantizing (8da4w: int8 dynamic activations, int4 weights in groups of 32)")
         program = _quantized_copy(program)

@@ -242,3 +242,34 @@ def test_8da4w_logits_within_bound_and_speculative_exact(llama, tmp_path):
     assert engine.generate(ids[:8], max_new_tokens=24, spec_k=2).tokens == plain.tokens
     with pytest.raises(ConfigError, match="no precision"):
         export_bundle(target, tmp_path / "bad", precision="int8")
+
+
+# ---- the real SmolLM2 ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2_pte(smollm2, converted):
+    """SmolLM2-135M + the built-in drafter as one fp32 .pte (~8 min to export on 2 cores, 3.2 GB peak RSS)."""
+    from edge_spec.api import resolve_drafter
+    from edge_spec.drafter import load_drafter
+
+    drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
+    return export_bundle(smollm2, converted.parent / "bundle-et-fp32", drafter=drafter, max_context=256)
+
+
+def test_smollm2_pte_matches_eager_and_speculates_exactly(smollm2, smollm2_pte):
+    """fp32 .pte logits as close to a float64 reference as eager fp32 is (the bound of test_onnx.py's SmolLM2 test),
+    greedy output == eager's argmax, and greedy speculative == plain through the program at k = 2."""
+    from tests.test_onnx import FP32_ERROR_RATIO, float64_logits
+
+    engine = load_bundle(smollm2_pte, threads=2)
+    ids = smollm2.tokenizer.encode_prompt("What is the capital of France?", chat=True)
+    plain = engine.generate(ids, max_new_tokens=16, speculative=False)
+    assert "Paris" in plain.text
+    sequence = ids + plain.tokens[:-1]
+    engine.session.reset()
+    ours = engine.session.forward(sequence).logits
+    ref = Session(TorchBackend(smollm2.model, engine.session.state.layout)).forward(sequence).logits
+    exact = float64_logits(smollm2.model, sequence)
+    assert np.abs(ours - exact).max() <= FP32_ERROR_RATIO * np.abs(ref - exact).max()
+    assert ref[len(ids) - 1:].argmax(-1).tolist() == plain.tokens
+    spec = engine.generate(ids, max_new_tokens=16, spec_k=2)
+    assert spec.tokens == plain.tokens and spec.extra["spec"].tau > 1.0
