@@ -105,14 +105,15 @@ class Engine:
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, chat: bool = False,
                  stream: Callable[[str], None] | None = None, speculative: bool | None = None,
                  spec_k: int = DEFAULT_SPEC_K, adaptive: bool = False,
-                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, allow_inexact: bool = False) -> GenerationResult:
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, allow_inexact: bool = False,
+                 lookup: bool = True) -> GenerationResult:
         """Generate from a text prompt (or token ids). `stream` receives text deltas as they decode.
 
         Speculative decoding is on by default when the engine has a drafter (`speculative=False` turns
         it off); the output distribution is the target's either way (greedy: identical tokens). Where the host
         check found this host's kernels not batch-invariant, speculative decoding is replaced by plain decoding
         and `result.extra["notice"]` says so (`allow_inexact=True` runs it anyway: benchmarks that report
-        per-prompt exactness)."""
+        per-prompt exactness). `lookup`: retrieval drafting first (edge_spec.lookup), the MTP drafter otherwise."""
         params = SamplingParams(temperature, top_k, top_p)  # validates before any work
         ids = list(prompt) if isinstance(prompt, list) else self.encode(prompt, chat=chat)
         check_request(ids, max_new_tokens, self.max_context)
@@ -142,7 +143,8 @@ class Engine:
         if self.drafter is not None and speculative is not False:
             result = generate_speculative(self.session, self.drafter, ids, max_new_tokens=max_new_tokens, params=params,
                                           rng=rng, stop_ids=self.stop_ids, k=spec_k, vocab_size=self.vocab_size,
-                                          adaptive=adaptive, min_confidence=min_confidence, on_token=on_token)
+                                          adaptive=adaptive, min_confidence=min_confidence, on_token=on_token,
+                                          lookup=lookup)
         else:
             result = generate_plain(self.session, ids, max_new_tokens=max_new_tokens, params=params, rng=rng,
                                     stop_ids=self.stop_ids, on_token=on_token)

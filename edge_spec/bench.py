@@ -81,9 +81,9 @@ class _KernelMarks:
 
 
 def run_one(engine, marks: _KernelMarks, row: dict, tally: Tally, *, k: int | None, adaptive: bool,
-            temperature: float, max_new_tokens: int, seed: int) -> None:
+            temperature: float, max_new_tokens: int, seed: int, lookup: bool = True) -> None:
     result = engine.generate(row["prompt"], chat=row["chat"], max_new_tokens=max_new_tokens, temperature=temperature,
-                             seed=seed, speculative=k is not None, spec_k=k or 1, adaptive=adaptive,
+                             seed=seed, speculative=k is not None, spec_k=k or 1, adaptive=adaptive, lookup=lookup,
                              allow_inexact=True)  # measured even where the host check failed: greedy_exact reports it
     target_end, drafter_end = marks.clocks()
     tally.tokens += max(result.new_tokens - 1, 0)
@@ -112,7 +112,7 @@ def peak_rss_mb() -> float:
 
 def measure(engine, prompts: list[dict], *, ks: list[int], temperatures: list[float], adaptive: bool,
             max_new_tokens: int, seed: int = 0, repeats: int = 1, progress: bool = True,
-            peers: list | None = None) -> list[dict]:
+            peers: list | None = None, lookup: bool = True) -> list[dict]:
     """One plain + one speculative configuration per k (and adaptive), per temperature. Returns rows.
 
     `peers` (e.g. LlamaCppPeer) decode each prompt right after our plain run of it, in the first pass
@@ -151,7 +151,7 @@ def measure(engine, prompts: list[dict], *, ks: list[int], temperatures: list[fl
                         bar.update(1)
                     for (k, ad), tally in spec.items():
                         run_one(engine, marks, row, tally, k=k, adaptive=ad, temperature=temperature,
-                                max_new_tokens=max_new_tokens, seed=s)
+                                max_new_tokens=max_new_tokens, seed=s, lookup=lookup)
                         bar.update(1)
             bar.close()
             for (k, ad), tally in spec.items():
@@ -526,7 +526,7 @@ def main(args) -> int:
         runners += [OrtGenaiPeer(genai_model(source, p, cache_root() / "peers"), threads=args.threads, precision=p)
                     for p in precisions]
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
-                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners)
+                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners, lookup=args.lookup)
     peers = [r.result() for r in runners]
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "spin": not args.no_spin,
             "threads": args.threads or os.cpu_count(), "prompts": len(prompts) * args.repeats,

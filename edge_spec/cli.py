@@ -32,6 +32,9 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-confidence", type=float, default=0.3,
                    help="adaptive mode: end a burst when the drafter's probability of its draft is below this")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is loaded")
+    p.add_argument("--no-lookup", dest="lookup", action="store_false",
+                   help="draft with the MTP drafter only (default: retrieval first - the continuation of the text's "
+                        "latest earlier occurrence of its recent words - and the drafter when nothing matches)")
 
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -119,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peer-quant", nargs="+", default=None, choices=["f32", "q8_0", "q4_0", "q4_1"],
                        help="--peer llama.cpp on the built-in SmolLM2 GGUF (Q4_1) re-encoded by llama.cpp as these "
                             "types (default q4_1: the file itself)")
+    bench.add_argument("--no-lookup", dest="lookup", action="store_false",
+                       help="speculative configurations draft with the MTP drafter only (default: retrieval first)")
     bench.add_argument("--require-exact", action="store_true",
                        help="exit 1 if greedy speculative output differed from plain on any prompt, or the host check "
                             "found this host's kernels not batch-invariant")
@@ -238,7 +243,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = engine.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=args.chat,
                              stream=None if args.quiet else stream, speculative=False if args.no_spec else None,
-                             spec_k=args.spec_k, adaptive=args.adaptive, min_confidence=args.min_confidence)
+                             spec_k=args.spec_k, adaptive=args.adaptive, min_confidence=args.min_confidence,
+                             lookup=args.lookup)
     if args.quiet:
         sys.stdout.write(result.text)
     sys.stdout.write("\n")

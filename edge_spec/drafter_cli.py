@@ -55,6 +55,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--bundle", default=None,
                     help="evaluate an exported bundle's target + drafter with onnxruntime instead (much faster on CPU)")
     ev.add_argument("--no-spin", action="store_true", help="with --bundle: idle onnxruntime threads sleep (shared cores)")
+    ev.add_argument("--lookup", action="store_true",
+                    help="hybrid drafting: retrieval first, the drafter when nothing matches (default: the drafter alone)")
     ev.add_argument("--teacher-forced", action="store_true",
                     help="eager, greedy: also score the drafter on every generated position fed the true tokens, as "
                          "training sees it (a live acceptance far below it would mean a train/inference mismatch)")
@@ -100,7 +102,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for temperature in args.temperature:
         for k in args.spec_k:
             r = evaluate(engine, prompts, k=k, temperature=temperature, max_new_tokens=args.max_new_tokens,
-                         teacher_forced=args.teacher_forced)
+                         teacher_forced=args.teacher_forced, lookup=args.lookup)
             r.update(runtime=engine.runtime, precision=engine.manifest.precision if engine.manifest else "fp32",
                      drafter=engine.manifest.drafter.name if engine.manifest else args.drafter)
             results.append(r)

@@ -18,6 +18,7 @@ import numpy as np
 from .backend import DrafterBackend, DraftStep, Session
 from .errors import ConfigError
 from .generate import GenerationResult, check_request, pick_token
+from .lookup import PromptLookup
 from .sampling import SamplingParams, sample, token_probs
 
 
@@ -212,6 +213,8 @@ class SpecStats:
     target_s: float = 0.0
     decode_s: float = 0.0
     k_chosen: list[int] = field(default_factory=list)
+    lookup_passes: int = 0  # passes whose drafts came from retrieval (PromptLookup) instead of the MTP drafter
+    lookup_accepted: int = 0  # drafts accepted in those passes
 
     def __post_init__(self):
         self.drafted = np.zeros(self.k_max, dtype=np.int64)
@@ -233,13 +236,15 @@ class SpecStats:
                 "acceptance_by_position": self.acceptance_by_position(),
                 "acceptance_rate": float(self.accepted.sum() / self.drafted.sum()) if self.drafted.sum() else None,
                 "time_s": {"drafter": self.drafter_s, "target": self.target_s, "overhead": overhead},
-                "mean_k": float(np.mean(self.k_chosen)) if self.k_chosen else 0.0}
+                "mean_k": float(np.mean(self.k_chosen)) if self.k_chosen else 0.0,
+                "lookup_passes": self.lookup_passes, "lookup_accepted": self.lookup_accepted}
 
     def summary(self) -> str:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in self.acceptance_by_position())
         d = self.to_dict()["time_s"]
         total = max(self.decode_s, 1e-9)
-        return (f"tau {self.tau:.2f} | target calls {self.target_calls} | drafter calls {self.drafter_calls} | "
+        lookup = f" | lookup passes {self.lookup_passes}" if self.lookup_passes else ""
+        return (f"tau {self.tau:.2f} | target calls {self.target_calls} | drafter calls {self.drafter_calls}{lookup} | "
                 f"accept by pos [{acc}] | time drafter {100 * d['drafter'] / total:.0f}% target "
                 f"{100 * d['target'] / total:.0f}% overhead {100 * d['overhead'] / total:.0f}%")
 
@@ -255,7 +260,11 @@ def check_spec_args(k: int, min_confidence: float) -> None:
 def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: list[int], *, max_new_tokens: int,
                          params: SamplingParams, rng: np.random.Generator, stop_ids: frozenset[int], k: int,
                          vocab_size: int, adaptive: bool = False, min_confidence: float = 0.0,
-                         on_token: Callable[[int], None] | None = None, verifier=verify) -> GenerationResult:
+                         on_token: Callable[[int], None] | None = None, verifier=verify,
+                         lookup: "bool | PromptLookup" = False) -> GenerationResult:
+    """Speculative generation. `lookup`: retrieval drafting first (True: edge_spec.lookup.PromptLookup over prompt +
+    output; or any object with its `extend` / `propose`): when the text's recent n-gram occurred before, its
+    continuation is the burst (one-hot drafts, no drafter call); otherwise the MTP drafter drafts."""
     check_spec_args(k, min_confidence)
     check_request(prompt_ids, max_new_tokens, session.max_context)
     stats = SpecStats(k)
@@ -268,14 +277,24 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
     hidden = out.hidden[-1]  # [Ht] target state at the position that predicted `token`
     prefill_s = time.perf_counter() - start
     tokens = [token]
+    retrieval = PromptLookup() if lookup is True else (lookup or None)
+    if retrieval is not None:
+        retrieval.extend(list(prompt_ids) + tokens)
     if on_token:
         on_token(token)
     while token not in stop_ids and len(tokens) < max_new_tokens:
         k_now = min(model.choose() if model else k, max_new_tokens - len(tokens) - 1)
         stats.k_chosen.append(k_now)
         t0 = time.perf_counter()
-        drafts, draft_probs = _draft(drafter, session, token, hidden, k_now, params, rng, stop_ids, vocab_size,
-                                     min_confidence if adaptive else 0.0, fast_greedy)
+        drafts = _lookup_drafts(retrieval, k_now, stop_ids) if retrieval is not None else []
+        from_lookup = bool(drafts)
+        if from_lookup:  # one-hot drafts: q(draft) = 1, so verify's rule keeps the target's distribution
+            draft_probs = SparseRows(vocab_size)
+            for d in drafts:
+                draft_probs.append(np.array([d]), np.array([1.0]))
+        else:
+            drafts, draft_probs = _draft(drafter, session, token, hidden, k_now, params, rng, stop_ids, vocab_size,
+                                         min_confidence if adaptive else 0.0, fast_greedy)
         t1 = time.perf_counter()
         out = session.forward([token] + drafts)  # [1 + len(drafts)] positions
         t2 = time.perf_counter()
@@ -288,21 +307,28 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
         stats.drafter_s += t1 - t0
         stats.target_s += t2 - t1
         stats.target_calls += 1
-        stats.drafter_calls += len(drafts)
         stats.drafted[:len(drafts)] += 1
         stats.accepted[:n] += 1
         stats.emitted_by_passes += n + 1
+        if from_lookup:
+            stats.lookup_passes += 1
+            stats.lookup_accepted += n
+        else:
+            stats.drafter_calls += len(drafts)
         if model:
             model.observe_verify(1 + len(drafts), t2 - t1)
-            if drafts:
+            if drafts and not from_lookup:  # the cost model prices the MTP drafter; lookups cost nothing
                 model.observe_draft((t1 - t0) / len(drafts))
                 model.observe_acceptance(len(drafts), n)
+        emitted = len(tokens)
         for t in drafts[:n] + [nxt]:
             tokens.append(t)
             if on_token:
                 on_token(t)
             if t in stop_ids or len(tokens) >= max_new_tokens:
                 break
+        if retrieval is not None:
+            retrieval.extend(tokens[emitted:])
         token = tokens[-1]
     end = time.perf_counter()
     stats.decode_s = end - start - prefill_s
@@ -310,6 +336,16 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
     result = GenerationResult(tokens, len(prompt_ids), stop, prefill_s, end - start)
     result.extra["spec"] = stats
     return result
+
+
+def _lookup_drafts(retrieval: PromptLookup, k: int, stop_ids) -> list[int]:
+    """Retrieval's proposal, cut after a stop token (nothing is drafted past the end of the text)."""
+    drafts = []
+    for t in retrieval.propose(k):
+        drafts.append(t)
+        if t in stop_ids:
+            break
+    return drafts
 
 
 def _draft(drafter: DrafterBackend, session: Session, token: int, hidden: np.ndarray, k: int,

@@ -216,6 +216,8 @@ SAMPLING = SamplingParams(temperature=1.0, top_k=6, top_p=0.95)
 DIST_PROMPT = [5, 17, 42, 99, 7, 150]
 
 
+
+
 def exact_joint_of_tokens_2_and_3(session: Session) -> dict[tuple[int, int], float]:
     """P(t2, t3) = sum_t1 P(t1) P(t2 | t1) P(t3 | t1, t2), enumerated exactly with the target."""
     def probs(ids):
@@ -285,25 +287,51 @@ def sampling_setup(tiny_llama):
     return target, session, runner, exact_joint_of_tokens_2_and_3(oracle), oracle
 
 
+class ForcedLookup:
+    """A retrieval drafter that always proposes the same two tokens: the likeliest t2 and t3 (after the likeliest
+    t1), so its one-hot drafts are accepted often enough for a wrong verifier to show."""
+
+    def __init__(self, oracle: Session):
+        def best(ids):
+            oracle.reset()
+            return int(token_probs(oracle.forward(ids, last_only=True).logits[-1], SAMPLING).argmax())
+
+        t1 = best(DIST_PROMPT)
+        t2 = best(DIST_PROMPT + [t1])
+        self.drafts = [t2, best(DIST_PROMPT + [t1, t2])]
+
+    def extend(self, tokens):
+        pass
+
+    def propose(self, k):
+        return self.drafts[:k]
+
+
 def spec_samples(setup, verifier, drafter="mtp", n=1500):
+    """`drafter`: "mtp" (the tiny MTP drafter), "skewed" (SkewedTargetDrafter), "lookup" (one-hot retrieval drafts
+    on every burst, `ForcedLookup`)."""
     target, session, runner, _, oracle = setup
     rng = np.random.default_rng(1234)
-    out = []
+    forced = ForcedLookup(oracle) if drafter == "lookup" else False
+    out, lookups = [], 0
     for _ in range(n):
         skewed = SkewedTargetDrafter(oracle, DIST_PROMPT) if drafter == "skewed" else None
-        tokens = generate_speculative(session, skewed or runner, DIST_PROMPT, max_new_tokens=3, params=SAMPLING,
+        result = generate_speculative(session, skewed or runner, DIST_PROMPT, max_new_tokens=3, params=SAMPLING,
                                       rng=rng, stop_ids=frozenset(), k=2, vocab_size=target.config.vocab_size,
-                                      verifier=verifier, on_token=skewed.on_token if skewed else None).tokens
-        out.append((tokens[1], tokens[2]))
+                                      verifier=verifier, on_token=skewed.on_token if skewed else None, lookup=forced)
+        out.append((result.tokens[1], result.tokens[2]))
+        lookups += result.extra["spec"].lookup_passes
+    assert (lookups == n) == (drafter == "lookup")  # retrieval drafted every first burst
     return out
 
 
-@pytest.mark.parametrize("drafter", ["mtp", "skewed"])
+@pytest.mark.parametrize("drafter", ["mtp", "skewed", "lookup"])
 def test_speculative_sampling_matches_the_target_distribution(sampling_setup, drafter):
     assert chi_square_p(spec_samples(sampling_setup, verify, drafter), sampling_setup[3]) > 0.01
 
 
-def test_negative_control_always_accept_fails_the_same_test(sampling_setup):
-    samples = spec_samples(sampling_setup, accept_all, "skewed")
+@pytest.mark.parametrize("drafter", ["skewed", "lookup"])
+def test_negative_control_always_accept_fails_the_same_test(sampling_setup, drafter):
+    samples = spec_samples(sampling_setup, accept_all, drafter)
     assert all(c in sampling_setup[3] for c in samples)  # same support: only the frequencies can expose it
     assert chi_square_p(samples, sampling_setup[3]) < 0.01

@@ -37,7 +37,7 @@ def read_prompts(path: Path) -> list[dict]:
 
 
 def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, max_new_tokens: int = 128,
-             seed: int = 0, progress: bool = True, teacher_forced: bool = False) -> dict:
+             seed: int = 0, progress: bool = True, teacher_forced: bool = False, lookup: bool = False) -> dict:
     """Aggregate speculative stats over prompts, overall and per kind.
 
     `acceptance_by_position[j-1]` = the fraction of bursts whose first j drafts were all accepted (cumulative:
@@ -60,7 +60,7 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
     for i, row in enumerate(tqdm(prompts, desc=f"eval k={k} T={temperature}", disable=not progress)):
         prompt_ids = engine.encode(row["prompt"], chat=row["chat"])
         result = engine.generate(prompt_ids, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, seed=seed + i, spec_k=k, speculative=True,
+                                 temperature=temperature, seed=seed + i, spec_k=k, speculative=True, lookup=lookup,
                                  allow_inexact=True)  # acceptance is measured, the output is not used
         stats = result.extra["spec"]
         agree = count = np.zeros(k)

@@ -1,0 +1,74 @@
+"""Retrieval drafting (edge_spec.lookup): exact proposals against a brute-force oracle, and lossless in the loop."""
+
+import numpy as np
+import pytest
+
+from edge_spec import checkpoints
+from edge_spec.backend import Session
+from edge_spec.config import kv_layout
+from edge_spec.generate import generate_plain
+from edge_spec.lookup import PromptLookup
+from edge_spec.runtimes.torch import TorchBackend
+from edge_spec.sampling import SamplingParams
+from edge_spec.speculative import generate_speculative
+
+
+def brute_force(ctx, k, max_n=4, min_n=2):
+    """The definition: the longest suffix (max_n..min_n) that occurred earlier; the k tokens after its latest earlier
+    occurrence (../shared/tools/drafting_headroom.py's ngram_propose)."""
+    for n in range(max_n, min_n - 1, -1):
+        if len(ctx) <= n:
+            continue
+        suffix = ctx[-n:]
+        for s in range(len(ctx) - n - 1, -1, -1):
+            if ctx[s:s + n] == suffix:
+                return ctx[s + n:s + n + k]
+    return []
+
+
+def test_hand_built_proposals():
+    assert PromptLookup([1, 2, 3, 4, 1, 2]).propose(3) == [3, 4, 1]  # "1 2" occurred at 0
+    assert PromptLookup([1, 2, 3, 9, 1, 2, 3, 7, 2, 3]).propose(2) == [7, 2]  # latest earlier "2 3" (at 5) wins
+    assert PromptLookup([1, 2, 3, 4, 5]).propose(4) == []  # nothing repeats
+    assert PromptLookup([7, 7, 7, 7]).propose(5) == [7]  # overlapping occurrence, continuation cut at the end
+    longer = PromptLookup([5, 1, 2, 3, 8, 9, 2, 3, 6, 1, 2, 3])  # "1 2 3" (n=3) beats the later "2 3" (n=2)
+    assert longer.propose(2) == [8, 9]
+    assert PromptLookup([1, 2, 1, 2]).propose(0) == []
+    with pytest.raises(ValueError):
+        PromptLookup(min_n=3, max_n=2)
+
+
+def test_incremental_index_equals_the_definition_on_random_text():
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        seq = [int(t) for t in rng.integers(0, 6, 120)]
+        index = PromptLookup(seq[:3])
+        for i in range(3, len(seq)):
+            index.extend([seq[i]])
+            for k in (1, 4):
+                assert index.propose(k) == brute_force(seq[:i + 1], k), (trial, i, k)
+
+
+def test_lookup_in_the_loop_is_lossless_and_fires_on_repetitive_text(tiny_llama):
+    """Greedy: retrieval drafts (the only useful ones here: the MTP stand-in is always wrong) raise tau and the output
+    is plain greedy's. Sampling with retrieval drafts is covered by the chi-square test (test_speculative.py)."""
+    target = checkpoints.load(str(tiny_llama[0]))
+    session = Session(TorchBackend(target.model, kv_layout(target.config, 128)))
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 4  # the tiny model continues repetitive text repetitively
+    params = SamplingParams()
+
+    class NeverRight:  # an MTP stand-in that is always wrong: only retrieval can raise tau
+        def begin(self, position, masks, n_cached):
+            pass
+
+        def step(self, token, hidden):
+            from edge_spec.backend import DraftStep
+            return DraftStep(np.array([3]), np.array([0.0], dtype=np.float32), hidden)
+
+    plain = generate_plain(session, prompt, max_new_tokens=40, params=params, rng=np.random.default_rng(5),
+                           stop_ids=frozenset())
+    out = generate_speculative(session, NeverRight(), prompt, max_new_tokens=40, params=params,
+                               rng=np.random.default_rng(5), stop_ids=frozenset(), k=4, vocab_size=320, lookup=True)
+    stats = out.extra["spec"]
+    assert out.tokens == plain.tokens
+    assert stats.lookup_passes > 0 and stats.lookup_accepted > 0 and stats.tau > 1.0
