@@ -13,15 +13,15 @@ from edge_spec import checkpoints, kv
 from edge_spec.api import load_bundle
 from edge_spec.backend import DraftStep, Session
 from edge_spec.cli import main
-from edge_spec.drafter import check_pair
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.exporters.executorch import DRAFTER_METHOD, PROGRAM_FILE, TARGET_METHOD, export_bundle
 from edge_spec.generate import generate_plain
 from edge_spec.manifest import MANIFEST, read_manifest, sha256_file
-from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
+from edge_spec.runtimes.torch import TorchBackend
 from edge_spec.sampling import SamplingParams
 from edge_spec.speculative import generate_speculative
-from tests.test_onnx import LOGITS_TOL, differing_windows, host_checked_session, prompt_ids, tiny_drafter
+from tests.parity import assert_drafter_matches_eager, assert_target_matches_eager, prompt_ids
+from tests.test_onnx import differing_windows, host_checked_session, tiny_drafter
 
 GREEDY = SamplingParams()
 
@@ -89,46 +89,13 @@ def test_manifest_records_one_program_with_two_methods_and_state_rings(llama, ge
 
 # ---- parity ---------------------------------------------------------------------------------------
 def test_target_logits_match_eager_through_commits_and_rewinds(pair):
-    folder, target, _ = pair
-    backend, _, engine = parts(folder)
-    ours, ref = Session(backend, prefill_chunk=7), Session(TorchBackend(target.model, engine.session.state.layout),
-                                                           prefill_chunk=7)
-    rng = np.random.default_rng(0)
-    ids = prompt_ids(19)
-    worst = np.abs(ours.prefill(ids).logits - ref.prefill(ids).logits).max()
-    for step in range(40):
-        tokens = prompt_ids(1 + step % 4, seed=step)
-        a, b = ours.forward(tokens), ref.forward(tokens)
-        worst = max(worst, np.abs(a.logits - b.logits).max())
-        assert np.abs(a.hidden - b.hidden).max() <= 1e-3 * max(1.0, np.abs(b.hidden).max())
-        n = int(rng.integers(1, len(tokens) + 1))  # the program wrote all rows; only n are accepted
-        ours.commit(n)
-        ref.commit(n)
-        if step in (12, 30):
-            back = ours.length - 2
-            ours.rewind(back)
-            ref.rewind(back)
-    assert worst <= LOGITS_TOL
+    """The program writes every row of a pass (rejected ones too); KVState's masks hide the unaccepted ones."""
+    assert_target_matches_eager(pair[0], pair[1], threads=2)
 
 
 def test_drafter_steps_match_eager(pair):
-    folder, target, drafter = pair
-    backend, et_drafter, engine = parts(folder)
-    layout = engine.session.state.layout
-    torch_backend = TorchBackend(target.model, layout)
-    ours, ref = Session(backend), Session(torch_backend)
-    eager = TorchDrafter(drafter, torch_backend, check_pair(target.config, drafter.cfg))
-    ids = prompt_ids(13, seed=3)
-    out = ours.prefill(ids)
-    ref.prefill(ids)
-    token, hidden = int(out.logits[-1].argmax()), out.hidden[-1]
-    for runner in (et_drafter, eager):
-        runner.begin(ours.length, ours.state.drafter_masks(), ours.length)
-    for _ in range(3):
-        a, b = et_drafter.step(token, hidden), eager.step(token, hidden)
-        assert np.array_equal(a.token_ids, b.token_ids)
-        assert np.abs(a.logits - b.logits).max() <= LOGITS_TOL
-        token, hidden = int(a.token_ids[np.argmax(a.logits)]), a.hidden
+    """The drafter method reads, in place, the cache buffers the target method wrote."""
+    assert_drafter_matches_eager(*pair, threads=2)
 
 
 # ---- exactness ----------------------------------------------------------------------------------

@@ -25,20 +25,16 @@ from edge_spec.runtimes import ort as ort_runtime
 from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 from edge_spec.sampling import SamplingParams
 from edge_spec.speculative import generate_speculative
+from tests.parity import LOGITS_TOL, assert_drafter_matches_eager, assert_target_matches_eager, prompt_ids
 from tests.tiny import llama_config, save_reference
 
 GREEDY = SamplingParams()
-LOGITS_TOL = 1e-4  # fp32 ORT vs eager, max abs
 # Quantized vs fp32 eager on the tiny random llama, 24 positions x 3 prompts (measured): max |diff| / max |logit|
 # fp16 0.025%, int8 0.85% (symmetric codes), int4 6.9-8.4%; top-1 agreement 1.0 for all. Bounds leave ~3-4x
 # headroom. (SmolLM2: see docs/architecture.md; in int4 its Q4_1 weights come back exactly, only the int8
 # activations inside MatMulNBits differ.)
 # precision -> (relative max diff, min top-1 agreement)
 QUANT_BOUNDS = {"fp16": (1e-3, 1.0), "int8": (0.03, 0.9), "int4": (0.25, 0.85)}
-
-
-def prompt_ids(n, seed=0, vocab=320):
-    return [int(i) for i in np.random.default_rng(seed).integers(4, vocab, n)]
 
 
 def tiny_drafter(cfg, **kwargs):
@@ -78,31 +74,7 @@ def ort_parts(folder, threads=1):
 # ---- parity ---------------------------------------------------------------------------------------
 def test_target_logits_match_eager_through_buckets_commits_and_rewinds(pair, monkeypatch):
     monkeypatch.setattr(ort_runtime, "BUCKET", 8)  # many bucket moves (grow and shrink) in a short test
-    folder, target, _ = pair
-    backend, _, engine = ort_parts(folder)
-    ours, ref = Session(backend, prefill_chunk=7), Session(TorchBackend(target.model, engine.session.state.layout),
-                                                           prefill_chunk=7)
-    rng = np.random.default_rng(0)
-    ids = prompt_ids(19)
-    a, b = ours.prefill(ids), ref.prefill(ids)
-    worst = np.abs(a.logits - b.logits).max()
-    for step in range(40):
-        tokens = prompt_ids(1 + step % 4, seed=step)
-        a, b = ours.forward(tokens), ref.forward(tokens)
-        worst = max(worst, np.abs(a.logits - b.logits).max())
-        assert np.abs(a.hidden - b.hidden).max() <= 1e-3 * max(1.0, np.abs(b.hidden).max())
-        n = int(rng.integers(1, len(tokens) + 1))
-        ours.commit(n)
-        ref.commit(n)
-        if step in (12, 30):  # a rewind that every ring still allows, then keep going
-            back = ours.length - 2  # gemma: a 14-slot ring for window 6 allows 9
-            ours.rewind(back)
-            ref.rewind(back)
-    assert worst <= LOGITS_TOL
-    ours.reset()
-    ref.reset()  # after a reset the buckets shrink again and nothing stale is visible
-    a, b = ours.prefill(ids[:5]), ref.prefill(ids[:5])
-    assert np.abs(a.logits - b.logits).max() <= LOGITS_TOL
+    assert_target_matches_eager(pair[0], pair[1])
 
 
 def test_rewind_across_a_ring_eviction_still_raises(gemma):
@@ -114,24 +86,7 @@ def test_rewind_across_a_ring_eviction_still_raises(gemma):
 
 
 def test_drafter_steps_match_eager(pair):
-    folder, target, drafter = pair
-    backend, ort_drafter, engine = ort_parts(folder)
-    layout = engine.session.state.layout
-    torch_backend = TorchBackend(target.model, layout)
-    ours, ref = Session(backend), Session(torch_backend)
-    eager = TorchDrafter(drafter, torch_backend, check_pair(target.config, drafter.cfg))
-    ids = prompt_ids(13, seed=3)
-    out = ours.prefill(ids)
-    ref.prefill(ids)
-    token, hidden = int(out.logits[-1].argmax()), out.hidden[-1]
-    for runner in (ort_drafter, eager):
-        runner.begin(ours.length, ours.state.drafter_masks(), ours.length)
-    for _ in range(3):
-        a, b = ort_drafter.step(token, hidden), eager.step(token, hidden)
-        assert np.array_equal(a.token_ids, b.token_ids)
-        assert np.abs(a.logits - b.logits).max() <= LOGITS_TOL
-        assert np.abs(a.hidden - b.hidden).max() <= LOGITS_TOL * max(1.0, np.abs(b.hidden).max())
-        token, hidden = int(a.token_ids[np.argmax(a.logits)]), a.hidden
+    assert_drafter_matches_eager(*pair)
 
 
 # ---- speculative through ORT == plain through ORT ----------------------------------------------------

@@ -73,7 +73,7 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
             count = np.full(k, float(len(anchors)))
         for name in ("all", row["kind"]):
             g = groups.setdefault(name, {"emitted": 0, "passes": 0, "drafted": np.zeros(k), "accepted": np.zeros(k),
-                                         "prompts": 0, "drafter_s": 0.0, "target_s": 0.0,
+                                         "prompts": 0, "drafter_s": 0.0, "target_s": 0.0, "lookup_passes": 0,
                                          "tf_agree": np.zeros(k), "tf_count": np.zeros(k)})
             g["tf_agree"] += agree
             g["tf_count"] += count
@@ -82,13 +82,15 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
             g["drafted"] += stats.drafted
             g["accepted"] += stats.accepted
             g["prompts"] += 1
+            g["lookup_passes"] += stats.lookup_passes
             g["drafter_s"] += stats.drafter_s
             g["target_s"] += stats.target_s
-    out = {"k": k, "temperature": temperature, "max_new_tokens": max_new_tokens, "by_kind": {}}
+    out = {"k": k, "temperature": temperature, "max_new_tokens": max_new_tokens, "lookup": lookup, "by_kind": {}}
     for name, g in groups.items():
         entry = {"prompts": g["prompts"], "tau": g["emitted"] / max(g["passes"], 1),
                  "acceptance_by_position": [float(a / d) if d else None for a, d in zip(g["accepted"], g["drafted"])],
-                 "drafter_time_share": g["drafter_s"] / max(g["drafter_s"] + g["target_s"], 1e-9)}
+                 "drafter_time_share": g["drafter_s"] / max(g["drafter_s"] + g["target_s"], 1e-9),
+                 "lookup_share": g["lookup_passes"] / max(g["passes"], 1)}  # passes drafted by retrieval
         if teacher_forced:
             entry["teacher_forced_by_position"] = [float(a / c) if c else None for a, c in zip(g["tf_agree"], g["tf_count"])]
         if name == "all":
