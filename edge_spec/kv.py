@@ -249,6 +249,13 @@ def attention_mask(slot_pos: np.ndarray, query_pos: np.ndarray, window: int | No
     return np.where(visible, np.float32(0.0), NEG_INF).astype(np.float32)
 
 
+def source_caches(layout: KVLayout, sources: dict[str, int]) -> dict[str, int]:
+    """A drafter's kv_sharing (kind -> target layer) as kind -> index into `layout.caches`, sorted by kind (every
+    runtime and exporter maps it the same way)."""
+    index = {c.layer: i for i, c in enumerate(layout.caches)}
+    return {kind: index[int(layer)] for kind, layer in sorted(sources.items())}
+
+
 def bucket_slots(need: int, slots: int, bucket: int) -> int:
     """How many cache slots a runtime binds (or lets a program attend over) so that `need` of them are visible: the
     smallest multiple of `bucket` >= need, capped at the layer's slot count. Attention cost then grows with the

@@ -83,8 +83,7 @@ class Program(nn.Module):
                               "whole cache, which the runtime's bucketed masks do not cover)", "use attention='slots'")
         self.target, self.drafter, self.layout, self.attention = target, drafter, layout, attention
         self.kinds = layout.kinds()
-        self.sources = {kind: next(i for i, c in enumerate(layout.caches) if c.layer == layer)
-                        for kind, layer in (sources or {}).items()}
+        self.sources = kv.source_caches(layout, sources or {})
         if drafter is not None and drafter.cfg.head_from == "target":  # the drafter scores with the target's table:
             self.head_table = target.lm_head.weight  # kept fp32 (8da4w quantizes lm_head's own reference only)
         for c in layout.caches:

@@ -351,8 +351,7 @@ class OrtDrafter:
                  candidates: int):
         self.session = session
         self.target = target
-        index = {spec.layer: i for i, spec in enumerate(target.specs)}
-        self.sources = {kind: index[layer] for kind, layer in sorted(sources.items())}
+        self.sources = kv.source_caches(target.layout, sources)
         self.tables = tables
         self.candidates = candidates
         h = target.hidden_size

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from edge_spec.backend import StepOutput
-from edge_spec.kv import FULL, SLIDING, CacheSpec, KVLayout
+from edge_spec.kv import FULL, SLIDING, CacheSpec, KVLayout, source_caches
 from edge_spec.model import Transformer
 
 
@@ -91,8 +91,7 @@ class TorchDrafter:
     def __init__(self, drafter, target: TorchBackend, sources: dict[str, int]):
         self.drafter = drafter
         self.target = target
-        index = {spec.layer: i for i, spec in enumerate(target.specs)}
-        self.sources = {kind: index[layer] for kind, layer in sources.items()}
+        self.sources = source_caches(target.layout, sources)
         self._burst = None
         self.kernel_s = 0.0
 
