@@ -42,6 +42,7 @@ class Tally:
     emitted: int = 0  # speculative only
     passes: int = 0
     drafter_calls: int = 0
+    lookup_passes: int = 0  # passes whose drafts came from retrieval
     drafted: np.ndarray | None = None
     accepted: np.ndarray | None = None
     outputs: list[list[int]] = field(default_factory=list)
@@ -97,6 +98,7 @@ def run_one(engine, marks: _KernelMarks, row: dict, tally: Tally, *, k: int | No
         tally.emitted += stats.emitted_by_passes
         tally.passes += stats.target_calls
         tally.drafter_calls += stats.drafter_calls
+        tally.lookup_passes += stats.lookup_passes
         if tally.drafted is None:
             tally.drafted, tally.accepted = np.zeros_like(stats.drafted), np.zeros_like(stats.accepted)
         tally.drafted += stats.drafted
@@ -169,6 +171,7 @@ def _row(engine, plain: Tally, spec: Tally, *, k: int, adaptive: bool, temperatu
         "plain_tok_s": plain.tok_s, "spec_tok_s": spec.tok_s,
         "speedup": spec.tok_s / plain.tok_s if plain.tok_s else None,
         "tau": spec.emitted / spec.passes if spec.passes else None, "acceptance_by_position": acceptance,
+        "lookup_share": spec.lookup_passes / spec.passes if spec.passes else None,  # passes drafted by retrieval
         "mean_k": float(np.mean(spec.mean_k)) if spec.mean_k else None,
         "time_split": {"plain": plain.split(), "spec": spec.split()},
         "python_overhead_plain": plain.split()["overhead"], "python_overhead_spec": spec.split()["overhead"],

@@ -35,7 +35,7 @@ def test_bench_writes_json_markdown_and_plot(bundles, tmp_path, capsys):
     bundle, _, prompts = bundles
     out = tmp_path / "out"
     code = main(["bench", "--bundle", str(bundle), "--prompts", str(prompts), "--spec-k", "1", "3",
-                 "--temperature", "0", "0.7", "--adaptive", "--max-new-tokens", "12", "--threads", "1",
+                 "--temperature", "0", "0.7", "--adaptive", "--max-new-tokens", "12", "--threads", "1", "--no-lookup",
                  "--json", str(out / "b.json"), "--markdown", str(out / "b.md"), "--plot", str(out / "b.png")])
     stdout = capsys.readouterr().out
     assert code == 0
@@ -53,7 +53,8 @@ def test_bench_writes_json_markdown_and_plot(bundles, tmp_path, capsys):
         for split in r["time_split"].values():
             assert split["overhead"] > 0  # kernel clocks run inside the decode clock
             assert split["drafter"] + split["target"] + split["overhead"] == pytest.approx(1.0)
-        assert r["time_split"]["plain"]["drafter"] == 0.0 and r["time_split"]["spec"]["drafter"] > 0
+        assert r["time_split"]["plain"]["drafter"] == 0.0 and r["time_split"]["spec"]["drafter"] > 0  # MTP only
+        assert r["lookup_share"] == 0.0
         assert r["peak_rss_mb"] > 10
         assert r["drafter_step_share"] == pytest.approx(r["drafter_step_ms"] / r["target_step_ms"])
     greedy = [r for r in rows if r["temperature"] == 0]
@@ -63,6 +64,16 @@ def test_bench_writes_json_markdown_and_plot(bundles, tmp_path, capsys):
     md = (out / "b.md").read_text()
     assert md.startswith("`edge-spec ") and "| ort | fp32 | 0 | 3 |" in md and md.count("\n| ort |") == 6
     assert "| ort | fp32 |" in stdout
+
+
+def test_bench_drafts_with_retrieval_by_default(bundles, tmp_path, capsys):
+    """The tiny model repeats itself, so retrieval drafts some passes; greedy output stays plain's."""
+    bundle, _, prompts = bundles
+    out = tmp_path / "b.json"
+    assert main(["bench", "--bundle", str(bundle), "--prompts", str(prompts), "--spec-k", "3", "--max-new-tokens", "24",
+                 "--threads", "1", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["lookup_share"] > 0 and row["greedy_exact"]
 
 
 class RecordingPeer:
