@@ -175,7 +175,7 @@ def _check_runtime(runtime: str) -> None:
 
 def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: str | None = None,
          max_context: int | None = None, threads: int | None = None, bundle: str | Path | None = None,
-         provider: str = "cpu", spin: bool = True, host_check: bool = True) -> Engine:
+         provider: str = "cpu", spin: bool = True, host_check: bool = True, compute_units: str | None = None) -> Engine:
     """Load a built-in model name or a local Hugging Face folder (+ optionally a drafter: 'builtin' or a
     folder) and return a ready Engine. With `bundle=DIR`, load an exported bundle instead (see `load_bundle`;
     runtime defaults to "ort" there, "torch" otherwise). `host_check`: with a drafter, probe (once per model,
@@ -185,7 +185,7 @@ def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: st
             raise ConfigError("a bundle brings its own drafter; `drafter` cannot be combined with `bundle`",
                               "re-export the bundle with --drafter, or load the checkpoint instead of the bundle")
         return load_bundle(bundle, runtime=runtime, threads=threads, provider=provider,
-                           max_context=max_context, spin=spin, host_check=host_check)
+                           max_context=max_context, spin=spin, host_check=host_check, compute_units=compute_units)
     runtime = runtime or "torch"
     _check_runtime(runtime)
     if runtime != EAGER_RUNTIME:
@@ -211,7 +211,7 @@ def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
 
 def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int | None = None, provider: str = "cpu",
                 max_context: int | None = None, verify_checksums: bool = True, spin: bool = True,
-                host_check: bool = True) -> Engine:
+                host_check: bool = True, compute_units: str | None = None) -> Engine:
     """Load an exported bundle (verified: schema, sha256 of every file, drafter/target pairing).
 
     runtime None: the one the bundle's format runs on (edge_spec.formats: onnx -> "ort", executorch ->
@@ -223,12 +223,15 @@ def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int 
     between target steps and its spinning would steal their cores.
     `host_check`: with a drafter, probe (once per bundle, runtime and CPU; cached) that verify rows equal decode
     steps bit for bit on this host and pick the session's row mode from it (`Engine.check_host`).
+    `compute_units`: coreml bundles only, the devices Core ML may use (all | cpu_and_ne | cpu_and_gpu | cpu).
     """
     folder = Path(folder).expanduser()
     manifest = read_manifest(folder, verify_checksums=verify_checksums)
     fmt = get_format(manifest.format)
     runtime = runtime or fmt.runtime
     _check_runtime(runtime)
+    if compute_units is not None and runtime != "coreml":
+        raise ConfigError(f"--compute-units applies to coreml bundles, not the {runtime} runtime", "drop --compute-units")
     layout = _bundle_layout(manifest, max_context)
     extra = {"max_draft_len": manifest.max_draft_len, "manifest": manifest}
     if runtime == EAGER_RUNTIME:
@@ -237,8 +240,9 @@ def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int 
     if runtime != fmt.runtime:
         raise BundleError(f"{folder}: the {runtime} runtime does not run {manifest.format!r} bundles",
                           f"use --runtime {fmt.runtime} (or torch), or export with the format {runtime} runs")
+    options = {} if compute_units is None else {"compute_units": compute_units}
     backend, runner = runtime_for(manifest.format).open_bundle(folder, manifest, layout, threads=threads,
-                                                               provider=provider, spin=spin)
+                                                               provider=provider, spin=spin, **options)
     engine = Engine(session=Session(backend), tokenizer=Tokenizer(folder), stop_ids=frozenset(manifest.eos_token_ids),
                     vocab_size=manifest.vocab_size, drafter=runner, runtime=runtime, **extra)
     if host_check and runner is not None:

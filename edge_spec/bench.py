@@ -511,7 +511,7 @@ def main(args) -> int:
         raise ConfigError("--bundle cannot be combined with --drafter (a bundle brings its own)", "drop --drafter")
     engine = load(args.model or "smollm2-135m", drafter=args.drafter if args.bundle is None else None,
                   runtime=args.runtime, threads=args.threads, bundle=args.bundle, provider=args.provider,
-                  spin=not args.no_spin)
+                  spin=not args.no_spin, compute_units=args.compute_units)
     gguf = None
     if "llama.cpp" in (args.peer or []):  # fail before the long measurement, not after it
         _require_llama_cpp()

@@ -32,6 +32,7 @@ class ExportJob:
     sources: dict[str, int] | None  # drafter kind -> target layer whose cache it reads
     precision: str
     step: Callable[[str], None]  # progress: call before each of the format's steps
+    max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
 
 
 Writer = Callable[[ExportJob], tuple[dict[str, GraphEntry], dict[str, TableEntry]]]
@@ -58,14 +59,14 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
                           f"use --max-pass {default_pass}, or lower --max-draft-len")
     cfg = target.config
     max_context = max_context or min(2048, cfg.max_position_embeddings)
-    layout = kv_layout(cfg, max_context, max_pass, fmt.binding)
+    layout = kv_layout(cfg, max_context, max_pass, fmt.binding, fmt.fixed_shapes)
     sources = check_pair(cfg, drafter.cfg) if drafter is not None else None
     step = progress or (lambda name: None)
 
     def build(tmp: Path) -> Manifest:
         step("hashing the target")
         target_id = content_id(cfg.raw, target.model.state_dict())
-        graphs, tables = write(ExportJob(tmp, target, drafter, layout, sources, precision, step))
+        graphs, tables = write(ExportJob(tmp, target, drafter, layout, sources, precision, step, max_draft_len))
         drafter_entry = None
         if drafter is not None:
             drafter_entry = DrafterEntry(

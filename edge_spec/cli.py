@@ -51,6 +51,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                         "and torch for --model)")
     p.add_argument("--provider", "--ep", dest="provider", default="cpu", choices=["cpu", "xnnpack", "coreml", "qnn"],
                    help="onnxruntime execution provider for --runtime ort (default cpu; --ep is the same option)")
+    p.add_argument("--compute-units", default=None, choices=["all", "cpu_and_ne", "cpu_and_gpu", "cpu"],
+                   help="coreml bundles (macOS): the devices Core ML may use (default all)")
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache size in tokens (default min(2048, model max); a bundle's own by default)")
     p.add_argument("--threads", type=int, default=None,
@@ -79,12 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="'builtin', a drafter folder or 'none' (default: the built-in drafter when the model ships "
                           "one, as smollm2-135m does; otherwise none)")
     exp.add_argument("--format", default="onnx", choices=list(FORMATS),
-                     help="artifact format: onnx (onnxruntime) or executorch (one .pte, XNNPACK); default onnx")
-    exp.add_argument("--quant", default="fp32", choices=list(PRECISIONS),
+                     help="artifact format: onnx (onnxruntime), executorch (one .pte, XNNPACK) or coreml (one "
+                          "multifunction .mlpackage); default onnx")
+    exp.add_argument("--quant", default=None, choices=list(PRECISIONS),
                      help="onnx: fp32, fp16 (fp16 compute for accelerator providers; ~10%% slower than fp32 on an "
                           "x86 CPU), int8 or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head); "
                           "executorch: fp32 or 8da4w (int8 dynamic activations, int4 weights in groups of 32); "
-                          "default fp32")
+                          "coreml: fp16 (compute), fp32, int8 (per channel), int4 (per block of 32, GPU) or "
+                          "int4-channel (ANE); default: fp32 (onnx, executorch), fp16 (coreml)")
     exp.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
     exp.add_argument("--max-draft-len", type=int, default=8, help="largest --spec-k the bundle accepts (default 8)")
     exp.add_argument("--max-pass", type=int, default=None,
@@ -152,7 +156,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime, max_context=args.max_context,
                   threads=args.threads, bundle=args.bundle, provider=args.provider, spin=not args.no_spin,
-                  host_check=False)
+                  host_check=False, compute_units=args.compute_units)
     what = args.bundle or args.model or DEFAULT_MODEL
     kind = (f"{engine.manifest.format} {engine.manifest.precision}" if engine.manifest and engine.runtime != "torch"
             else f"{engine.runtime} fp32")
@@ -191,6 +195,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .drafter import load_drafter
     from .formats import check_precision, exporter, get_format
 
+    args.quant = args.quant or get_format(args.format).precisions[0]
     check_precision(get_format(args.format), args.quant)  # before any loading
     module = exporter(args.format)
     options = {"exporter": args.exporter} if args.format == "onnx" else {}
@@ -234,7 +239,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime,
                   max_context=args.max_context, threads=args.threads, bundle=args.bundle, provider=args.provider,
-                  spin=not args.no_spin)
+                  spin=not args.no_spin, compute_units=args.compute_units)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)

@@ -203,9 +203,10 @@ def _parse_gemma4(d: dict, source: str) -> ModelConfig:
     head_dim = d.get("head_dim", 256)
     kv_heads = d.get("num_key_value_heads", 4)
     k_eq_v = bool(d.get("attention_k_eq_v", False))
-    # Full layers take their head dim / KV heads from per_layer_config (new files) or global_* (older files).
+    # Full layers take their head dim / KV heads from per_layer_config (new files; transformers writes {} when no layer
+    # differs from the base, e.g. global_head_dim == head_dim) or global_* (older files, without the key).
     per_layer = {int(k): v for k, v in (d.get("per_layer_config") or {}).items() if str(k).isdigit()}
-    if not per_layer:
+    if "per_layer_config" not in d:
         override = {"head_dim": d.get("global_head_dim", 512)}
         if k_eq_v and d.get("num_global_key_value_heads") is not None:
             override["num_key_value_heads"] = d["num_global_key_value_heads"]
@@ -246,12 +247,14 @@ def _parse_gemma4(d: dict, source: str) -> ModelConfig:
         moe_intermediate_size=int(d.get("moe_intermediate_size") or 0) if moe else 0, raw=d)
 
 
-def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None, binding: str = "io") -> "KVLayout":
+def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None, binding: str = "io",
+              fixed_shapes: bool = False) -> "KVLayout":
     """The cache layout of `cfg` for a given max context (full layers: max_context slots; rings: `kv.ring_slots`).
 
     `max_pass` caps the tokens of one forward. `io` binding: it only matters with sliding layers (their rings grow
     to W + max_pass - 1 slots) and is dropped for full-attention-only models, whose graphs take any T. `state`
-    binding: always kept (the program's buffers are planned for it; rings of W + max_pass)."""
+    binding: always kept (the program's buffers are planned for it; rings of W + max_pass); so with `fixed_shapes`
+    (Core ML, QNN: the largest fixed pass length)."""
     from .kv import BINDING_STATE, CacheSpec, KVLayout, ring_slots
 
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
@@ -265,5 +268,5 @@ def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None, b
         window = cfg.sliding_window if kind == SLIDING else None
         slots = ring_slots(window, max_context, max_pass, binding) if window else max_context
         caches.append(CacheSpec(layer, kind, cfg.kv_heads[layer], cfg.head_dims[layer], slots, window))
-    keep_cap = binding == BINDING_STATE or any(c.window for c in caches)
+    keep_cap = binding == BINDING_STATE or fixed_shapes or any(c.window for c in caches)
     return KVLayout(tuple(caches), max_context, max_pass if keep_cap else None, binding)

@@ -23,6 +23,8 @@ class Format:
     exporter: str  # module path of the exporter
     runtime_module: str  # module path of the runtime
     install: str  # what to install when the exporter or runtime is missing
+    constant_tables: bool = False  # the drafter graph holds the embedding / output tables itself (no table inputs)
+    fixed_shapes: bool = False  # graphs at fixed pass lengths and cache sizes (GraphEntry.fixed), not symbolic ones
 
 
 FORMATS = {
@@ -30,6 +32,9 @@ FORMATS = {
                    "edge_spec.runtimes.ort", "pip install onnx onnxruntime onnxscript"),
     "executorch": Format("executorch", ("fp32", "8da4w"), BINDING_STATE, "executorch", "edge_spec.exporters.executorch",
                          "edge_spec.runtimes.executorch", "pip install executorch==1.5.1"),
+    "coreml": Format("coreml", ("fp16", "fp32", "int8", "int4", "int4-channel"), BINDING_IO, "coreml",
+                     "edge_spec.exporters.coreml", "edge_spec.runtimes.coreml", "pip install coremltools==9.0",
+                     constant_tables=True, fixed_shapes=True),
 }
 EAGER_RUNTIME = "torch"  # reruns a bundle's source checkpoints in PyTorch (any format)
 RUNTIMES = (EAGER_RUNTIME,) + tuple(dict.fromkeys(f.runtime for f in FORMATS.values()))

@@ -75,6 +75,11 @@ def slots_dim(kind: str) -> str:
     return f"S_{kind}"
 
 
+def feature_name(name: str) -> str:
+    """A contract name as an identifier (Core ML features, C symbols): "k_cache.3" -> "k_cache_3"."""
+    return name.replace(".", "_")
+
+
 def mask_cols_dim(kind: str) -> str:
     return f"{slots_dim(kind)}+{T_DIM}"
 
@@ -212,10 +217,11 @@ def target_io(layout: KVLayout, vocab_size: int, hidden_size: int) -> GraphIO:
 
 
 def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, target_hidden: int, candidates: int,
-               output_table: bool) -> GraphIO:
+               output_table: bool, tables: bool = True) -> GraphIO:
     """Drafter step graph: (last token, hidden, position, masks, source-layer caches, tables) -> candidates, hidden.
     `state` binding: no caches and no tables (the program's drafter method reads the target's cache buffers and
-    weights in place)."""
+    weights in place). `tables=False`: the graph holds the tables as constants (a Core ML package, which stores
+    weights the drafter and target functions share once)."""
     by_layer = {c.layer: c for c in layout.caches}
     kinds = sorted(sources)
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, 1)), TensorSpec(HIDDEN, "float32", (1, 1, target_hidden)),
@@ -223,6 +229,7 @@ def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, targe
     inputs += [TensorSpec(mask_name(kind), "float32", (1, 1, 1, slots_dim(kind))) for kind in kinds]
     if layout.binding == BINDING_IO:
         inputs += _cache_specs([by_layer[sources[kind]] for kind in kinds], (k_cache_name, v_cache_name))
+    if layout.binding == BINDING_IO and tables:
         inputs.append(TensorSpec(EMBED_TABLE, "float32", (vocab_size, target_hidden)))
         if output_table:
             inputs.append(TensorSpec(OUTPUT_TABLE, "float32", (vocab_size, target_hidden)))

@@ -63,17 +63,20 @@ class GraphEntry:
     precision: str
     io: GraphIO
     method: str | None = None  # the entry point inside `file` (an ExecuTorch method, a Core ML function); None: the file
+    # fixed-shape artifacts (Core ML, QNN): {"lengths": {"T": entry point}, "slots": {kind: cache slots taken}};
+    # the io above stays the contract's (symbolic); None: the graph takes the symbolic shapes as they are
+    fixed: dict | None = None
 
     def to_json(self) -> dict:
         d = {"file": self.file, "precision": self.precision,
              "inputs": [t.to_json() for t in self.io.inputs], "outputs": [t.to_json() for t in self.io.outputs]}
-        return d | ({"method": self.method} if self.method else {})
+        return d | ({"method": self.method} if self.method else {}) | ({"fixed": self.fixed} if self.fixed else {})
 
     @staticmethod
     def from_json(d: dict) -> "GraphEntry":
         io = GraphIO(tuple(TensorSpec.from_json(t) for t in d["inputs"]),
                      tuple(TensorSpec.from_json(t) for t in d["outputs"]))
-        return GraphEntry(d["file"], d["precision"], io, d.get("method"))
+        return GraphEntry(d["file"], d["precision"], io, d.get("method"), d.get("fixed"))
 
 
 @dataclass(frozen=True)
@@ -270,8 +273,8 @@ def _verify_files(folder: Path, m: Manifest, checksums: bool) -> None:
         if not isinstance(entry, dict) or not {"sha256", "bytes"} <= entry.keys():
             raise BundleError(f"{folder / MANIFEST}: file entry {rel!r} lacks sha256/bytes", _REEXPORT)
     referenced = [g.file for g in m.graphs.values()] + [t.file for t in m.tables.values()] + list(m.tokenizer_files)
-    for rel in referenced:
-        if rel not in m.files:
+    for rel in referenced:  # a file, or a folder artifact (an .mlpackage) whose files are all listed
+        if rel not in m.files and not any(f.startswith(rel + "/") for f in m.files):
             raise BundleError(f"{folder / MANIFEST}: {rel} is used but has no checksum entry", _REEXPORT)
     for rel, entry in m.files.items():
         path = folder / rel
@@ -325,7 +328,7 @@ def _verify_contract(m: Manifest, path: Path) -> None:
     if "drafter" not in m.graphs:
         raise BundleError(f"{path}: the drafter entry has no drafter graph", _REEXPORT)
     expected = drafter_io(m.layout, {k: int(v) for k, v in d.kv_sharing.items()}, m.vocab_size, m.hidden_size,
-                          d.candidates_per_step, output_table=OUTPUT_TABLE in m.tables)
+                          d.candidates_per_step, output_table=OUTPUT_TABLE in m.tables, tables=not fmt.constant_tables)
     _same_io(f"{path}: drafter graph", m.graphs["drafter"].io, expected)
 
 

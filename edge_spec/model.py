@@ -7,6 +7,8 @@ Parameter names mirror Hugging Face's, so checkpoints load with a plain `load_st
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 
 from typing import NamedTuple
@@ -251,8 +253,22 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 def gelu_tanh_spelled(x: torch.Tensor) -> torch.Tensor:
     """The same function written out. ExecuTorch's XNNPACK lowering turns F.gelu(approximate="tanh") into the exact
-    (erf) GELU (measured up to 4.7e-4 apart on N(0, 9) inputs), so its exporter swaps this in (`gelu` attributes)."""
+    (erf) GELU (measured up to 4.7e-4 apart on N(0, 9) inputs), and coremltools 9.0 drops the `approximate` keyword
+    of torch.export's gelu node (exact GELU again: Gemma-4 hidden states 1e-3 off), so those exporters swap this in."""
     return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+@contextlib.contextmanager
+def spelled_gelu(*modules: nn.Module):
+    """Every `gelu` attribute that is `gelu_tanh` inside `modules` set to `gelu_tanh_spelled` for the block."""
+    swapped = [m for root in modules for m in root.modules() if getattr(m, "gelu", None) is gelu_tanh]
+    for m in swapped:
+        m.gelu = gelu_tanh_spelled
+    try:
+        yield
+    finally:
+        for m in swapped:
+            m.gelu = gelu_tanh
 
 
 class MLP(nn.Module):

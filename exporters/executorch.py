@@ -47,7 +47,7 @@ from edge_spec.errors import ConfigError, ExportError
 from edge_spec.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.manifest import GraphEntry
-from edge_spec.model import Transformer, attend_slots, gelu_tanh, gelu_tanh_spelled
+from edge_spec.model import Transformer, attend_slots, spelled_gelu
 
 PTE_DIR = "executorch"
 PROGRAM_FILE = f"{PTE_DIR}/program.pte"
@@ -166,17 +166,12 @@ def _exporting(program: Program):
     model, layout = program.target, program.layout
     model.slot_attention = True
     model.sliding_ring = layout.slots(kv.SLIDING) if kv.SLIDING in layout.kinds() else None
-    swapped = [m for m in program.modules() if getattr(m, "gelu", None) is gelu_tanh]
-    for m in swapped:
-        m.gelu = gelu_tanh_spelled
     try:
-        with warnings.catch_warnings(), quiet("torch", "torch.export", *IMPORT_NOISE):
+        with spelled_gelu(program), warnings.catch_warnings(), quiet("torch", "torch.export", *IMPORT_NOISE):
             warnings.simplefilter("ignore")
             yield
     finally:
         model.slot_attention, model.sliding_ring = False, None
-        for m in swapped:
-            m.gelu = gelu_tanh
 
 
 def _export(program: Program, forward: Callable, args: tuple, dynamic: tuple, what: str):

@@ -1,0 +1,292 @@
+"""Core ML exporter: ONE multifunction .mlpackage holding the target at fixed pass lengths and the drafter step,
+the KV caches as function inputs (the KV contract's `io` binding: the layout the Neural Engine runs well).
+
+    edge-spec export --format coreml --quant fp16|fp32|int8|int4|int4-channel --out B
+
+Functions of `coreml/program.mlpackage` (coremltools `save_multifunction`, identical weights stored once):
+  * `target_{T}` for each pass length T in `pass_lengths(...)` (1 = decode, 2..k+1 = verify, the largest = the
+    prefill chunk): (input_ids [1, T] int32, position_ids [1, T] int32, mask_{kind} [1, 1, T, S_kind + T],
+    k_cache_{l} / v_cache_{l} [1, H_kv, S_kind, D]) -> (logits [1, T, V], hidden [1, T, H], k_new_{l} / v_new_{l}
+    [1, H_kv, T, D]). Every shape is fixed (the ANE runs only fixed or enumerated shapes): the runtime pads a pass
+    to the next length (pad rows repeat the last token at the next positions and see only themselves; they are
+    never committed).
+  * `drafter`: (input_ids [1, 1], hidden [1, 1, Ht], position_ids [1, 1], mask_{kind} [1, 1, 1, S_kind], the source
+    layers' caches) -> (draft_token_ids, draft_logits, draft_hidden); the target's embedding (and output table) are
+    constants of the function, deduplicated against the target's by `save_multifunction`.
+Feature names are the contract's (edge_spec.kv) with "." spelled "_" (`kv.feature_name`); ids are int32.
+
+Slots: full layers hold max_context + `headroom` slots (the largest pass length - 1), so a padded pass never
+writes a pad row's key into a slot a real row reads, even at the end of the context; rings keep kv.ring_slots
+(W + max_pass - 1, which already holds a whole pass). Attention is the batch-invariant slot form
+(edge_spec.model.attend_slots), so verify rows reproduce decode steps wherever the kernels are row-independent;
+the host check measures it on the Mac that runs the package.
+
+Precisions (coremltools.optimize on the converted functions): fp16 compute (default; IO stays fp32; RMSNorm's ops in
+fp32, `FP32_OPS`: its squares overflow fp16), fp32 compute,
+int8 per-channel weights, int4 per-block (32) weights (GPU), int4 per-channel (what the ANE runs), all fp16 compute.
+Conversion goes through torch.export (its decomposed graph, with torch 2.13's `alias` no-ops removed).
+Exporters import the core only, never runtimes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_spec import bundle, kv
+from edge_spec.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
+from edge_spec.checkpoints import LoadedModel
+from edge_spec.drafter import Drafter
+from edge_spec.errors import ConfigError, ExportError
+from edge_spec.formats import FORMATS
+from edge_spec.logs import IMPORT_NOISE, quiet
+from edge_spec.manifest import GraphEntry
+from edge_spec.model import Transformer, spelled_gelu
+
+COREML_DIR = "coreml"
+PACKAGE = f"{COREML_DIR}/program.mlpackage"
+DRAFTER_FUNCTION = "drafter"
+QUANT_BLOCK = 32
+# ops kept in fp32 inside fp16 programs: RMSNorm's sum of squares overflows fp16 (SmolLM2's residual stream reaches
+# 290: 290^2 > 65504, measured through the MIL executor - every token came out 0)
+FP32_OPS = frozenset({"pow", "reduce_mean", "sqrt", "rsqrt", "real_div"})
+
+
+def target_function(t: int) -> str:
+    return f"target_{t}"
+
+
+def pass_lengths(max_draft_len: int, prefill: int) -> tuple[int, ...]:
+    """The fixed pass lengths exported: decode (1), verify at k + 1 for k in 1, 2, 4 and max_draft_len, the prefill
+    chunk. The runtime pads a pass to the next one (adaptive k lands between them)."""
+    verify = {k + 1 for k in (1, 2, 4) if k <= max_draft_len} | {max_draft_len + 1}
+    return tuple(sorted({1, prefill} | verify))
+
+
+def function_slots(layout: kv.KVLayout, lengths: tuple[int, ...]) -> dict[str, int]:
+    """kind -> the cache slots the functions take: full layers get headroom for pad rows (see the module doc)."""
+    headroom = max(lengths) - 1
+    return {kind: layout.slots(kind) + (headroom if kind == kv.FULL else 0) for kind in layout.kinds()}
+
+
+# ---- flat wrappers (the converted signatures) ----------------------------------------------------
+class TargetFunction(nn.Module):
+    """(input_ids, position_ids, *masks, *caches) -> (logits, hidden, *new rows), slot attention."""
+
+    def __init__(self, model: Transformer, kinds: tuple[str, ...]):
+        super().__init__()
+        self.model, self.kinds = model, kinds
+
+    def forward(self, input_ids, position_ids, *rest):
+        n = len(self.kinds)
+        masks, caches = rest[:n], rest[n:]
+        out = self.model(input_ids, position_ids, dict(zip(self.kinds, masks)), list(caches[0::2]), list(caches[1::2]))
+        return (out.logits, out.hidden, *[r for k, v in zip(out.new_k, out.new_v) for r in (k, v)])
+
+
+class DrafterFunction(nn.Module):
+    """(input_ids, hidden, position_ids, *masks, *source caches) -> (ids, logits, next hidden); tables constant."""
+
+    def __init__(self, drafter: Drafter, target: Transformer, kinds: tuple[str, ...]):
+        super().__init__()
+        self.drafter, self.kinds = drafter, kinds
+        self.embed_scale = float(target.embed_scale)
+        self.embed = target.model.embed_tokens.weight
+        self.table = target.lm_head.weight if drafter.cfg.head_from == "target" else None
+
+    def forward(self, input_ids, hidden, position_ids, *rest):
+        n = len(self.kinds)
+        masks, caches = rest[:n], rest[n:]
+        token_embed = F.embedding(input_ids, self.embed) * self.embed_scale  # [1, 1, Ht]
+        pairs = {kind: (caches[2 * i], caches[2 * i + 1]) for i, kind in enumerate(self.kinds)}
+        out = self.drafter(token_embed, hidden, position_ids, dict(zip(self.kinds, masks)), pairs, self.table)
+        return out.token_ids.to(torch.int32), out.logits, out.hidden
+
+
+# ---- conversion ------------------------------------------------------------------------------------
+def _drop_aliases(program) -> None:
+    """torch 2.13's decompositions leave `aten.alias` no-ops, which coremltools 9.0 does not know."""
+    graph = program.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and str(node.target).startswith("aten.alias"):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    program.graph_module.recompile()
+
+
+def coremltools():
+    """coremltools, imported without its import-time warnings (untested torch version, no Core ML framework off
+    macOS: neither is the user's business while exporting)."""
+    with quiet("coremltools", *IMPORT_NOISE), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import coremltools as ct
+    return ct
+
+
+def convert(module: nn.Module, args: tuple, inputs: list[str], outputs: list[str], precision: str, what: str):
+    """One fixed-shape function: torch.export -> ct.convert (mlprogram, iOS 18) -> renamed features -> compressed."""
+    ct = coremltools()
+    try:  # (coremltools' per-pass progress bars go to a buffer: the export's own bar reports each function)
+        with torch.no_grad(), warnings.catch_warnings(), quiet("torch", "torch.export", "coremltools", *IMPORT_NOISE), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            program = torch.export.export(module, args, strict=False).run_decompositions()
+            _drop_aliases(program)
+            compute = ct.precision.FLOAT32 if precision == "fp32" else \
+                ct.transform.FP16ComputePrecision(op_selector=lambda op: op.op_type not in FP32_OPS)
+            mlmodel = ct.convert(program, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
+                                 compute_precision=compute, skip_model_load=True)
+    except Exception as err:  # torch.export / coremltools raise many types: name the function and the cause
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ExportError(f"Core ML conversion failed for the {what} function: {first[:300]}",
+                          "use --format onnx or executorch for this model, or report the model config") from err
+    spec = mlmodel.get_spec()
+    got_in = [i.name for i in spec.description.input]
+    got_out = [o.name for o in spec.description.output]
+    if len(got_in) != len(inputs) or len(got_out) != len(outputs):
+        raise ExportError(f"the {what} function converted with {len(got_in)} inputs / {len(got_out)} outputs, "
+                          f"expected {len(inputs)} / {len(outputs)}")
+    for old, new in zip(got_in + got_out, inputs + outputs):
+        if old != new:
+            ct.utils.rename_feature(spec, old, new)
+    mlmodel = ct.models.MLModel(spec, weights_dir=mlmodel.weights_dir, skip_model_load=True)
+    return compress(mlmodel, precision)
+
+
+def compress(mlmodel, precision: str):
+    """Weight compression of a converted function (coremltools.optimize.coreml), or the model as is."""
+    if precision in ("fp32", "fp16"):
+        return mlmodel
+    import coremltools.optimize.coreml as cto
+
+    if precision == "int8":
+        op = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel")
+    elif precision == "int4":
+        op = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int4", granularity="per_block",
+                                         block_size=QUANT_BLOCK)
+    elif precision == "int4-channel":
+        op = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int4", granularity="per_channel")
+    else:
+        raise ConfigError(f"unknown Core ML precision {precision!r}", "choose one of " + ", ".join(FORMATS["coreml"].precisions))
+    with warnings.catch_warnings(), quiet("coremltools"), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=op))
+
+
+def target_features(layout: kv.KVLayout) -> tuple[list[str], list[str]]:
+    io = kv.target_io(layout, 1, 1)
+    return [kv.feature_name(t.name) for t in io.inputs], [kv.feature_name(t.name) for t in io.outputs]
+
+
+def drafter_features(layout: kv.KVLayout, sources: dict[str, int]) -> tuple[list[str], list[str]]:
+    io = kv.drafter_io(layout, sources, 1, 1, 1, output_table=False, tables=False)
+    return [kv.feature_name(t.name) for t in io.inputs], [kv.feature_name(t.name) for t in io.outputs]
+
+
+def target_args(model: Transformer, layout: kv.KVLayout, slots: dict[str, int], t: int) -> tuple:
+    """Example inputs of `target_{t}` at the function's fixed shapes."""
+    ids = torch.zeros(1, t, dtype=torch.long)
+    pos = torch.arange(t)[None]
+    masks = tuple(torch.zeros(1, 1, t, slots[kind] + t) for kind in layout.kinds())
+    caches = tuple(torch.zeros(1, c.num_kv_heads, slots[c.kind], c.head_dim) for c in layout.caches for _ in "kv")
+    return (ids, pos, *masks, *caches)
+
+
+def drafter_args(target: Transformer, layout: kv.KVLayout, sources: dict[str, int], slots: dict[str, int]) -> tuple:
+    kinds = sorted(sources)
+    index = kv.source_caches(layout, sources)
+    ids, pos = torch.zeros(1, 1, dtype=torch.long), torch.tensor([[1]])
+    hidden = torch.zeros(1, 1, target.cfg.hidden_size)
+    masks = tuple(torch.zeros(1, 1, 1, slots[kind]) for kind in kinds)
+    caches = tuple(torch.zeros(1, layout.caches[index[k]].num_kv_heads, slots[k], layout.caches[index[k]].head_dim)
+                   for k in kinds for _ in "kv")
+    return (ids, hidden, pos, *masks, *caches)
+
+
+# ---- the bundle --------------------------------------------------------------------------------------
+def export_steps(with_drafter: bool) -> int:
+    """How many times `export_bundle` calls `progress` with the default lengths (for a progress bar)."""
+    n_lengths = len(pass_lengths(DEFAULT_MAX_DRAFT_LEN, max(kv.DEFAULT_MAX_PASS, DEFAULT_MAX_DRAFT_LEN + 1)))
+    return COMMON_STEPS + n_lengths + 1 + (1 if with_drafter else 0)
+
+
+def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
+                  drafter_source: str | None = None, precision: str = "fp16", max_context: int | None = None,
+                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
+                  progress: Callable[[str], None] | None = None) -> Path:
+    """Export `target` (+ `drafter`) to a Core ML bundle at `out`, atomically (edge_spec.bundle.export).
+
+    `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the largest fixed pass length."""
+    return bundle.export(target, out, fmt=FORMATS["coreml"], write=_write, drafter=drafter,
+                         drafter_source=drafter_source, precision=precision, max_context=max_context,
+                         max_draft_len=max_draft_len, max_pass=max_pass, progress=progress)
+
+
+def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
+    ct = coremltools()
+    cfg, layout, step = job.target.config, job.layout, job.step
+    if layout.max_pass is None:
+        raise ConfigError("a Core ML package needs fixed pass lengths", "pass --max-pass")
+    lengths = pass_lengths(job.max_draft_len, layout.max_pass)
+    slots = function_slots(layout, lengths)
+    work = job.tmp / "functions"
+    work.mkdir()
+    desc = ct.utils.MultiFunctionDescriptor()
+    for name, path in _functions(job, lengths, slots, work):
+        desc.add_function(str(path), src_function_name="main", target_function_name=name)
+    step("merging the functions into one .mlpackage")
+    desc.default_function_name = target_function(1)
+    (job.tmp / COREML_DIR).mkdir()
+    with warnings.catch_warnings(), quiet("coremltools"), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        ct.utils.save_multifunction(desc, str(job.tmp / PACKAGE))
+    shutil.rmtree(work)
+    fixed = {"lengths": {str(t): target_function(t) for t in lengths}, "slots": slots}
+    graphs = {"target": GraphEntry(PACKAGE, job.precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size),
+                                   method=target_function(1), fixed=fixed)}
+    if job.drafter is not None:
+        drafter_io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size,
+                                   job.drafter.cfg.candidates_per_step, output_table=False, tables=False)
+        graphs["drafter"] = GraphEntry(PACKAGE, job.precision, drafter_io, method=DRAFTER_FUNCTION,
+                                       fixed={"slots": slots})
+    return graphs, {}
+
+
+def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str, int], work: Path):
+    """Convert and save each function as its own package under `work`; yields (function name, package path).
+
+    The models run as the package runs them: slot attention, rings addressed by position % slots, and the tanh GELU
+    written out (`model.spelled_gelu`: coremltools 9.0 converts torch.export's tanh GELU as the erf one)."""
+    model, layout = job.target.model.eval(), job.layout
+    model.slot_attention = True
+    model.sliding_ring = layout.slots(kv.SLIDING) if kv.SLIDING in layout.kinds() else None
+    try:
+        with spelled_gelu(model, *([job.drafter] if job.drafter is not None else [])):
+            names_in, names_out = target_features(layout)
+            for t in lengths:
+                job.step(f"converting the target at T = {t} ({job.precision})")
+                ml = convert(TargetFunction(model, layout.kinds()).eval(), target_args(model, layout, slots, t),
+                             names_in, names_out, job.precision, target_function(t))
+                yield target_function(t), _save(ml, work / f"{target_function(t)}.mlpackage")
+            if job.drafter is not None:
+                job.step(f"converting the drafter step ({job.precision})")
+                module = DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources))).eval()
+                d_in, d_out = drafter_features(layout, job.sources)
+                ml = convert(module, drafter_args(model, layout, job.sources, slots), d_in, d_out, job.precision,
+                             DRAFTER_FUNCTION)
+                yield DRAFTER_FUNCTION, _save(ml, work / f"{DRAFTER_FUNCTION}.mlpackage")
+    finally:
+        model.slot_attention, model.sliding_ring = False, None
+
+
+def _save(mlmodel, path: Path) -> Path:
+    mlmodel.save(str(path))
+    return path

@@ -1,0 +1,322 @@
+"""Core ML export, verified on Linux: each bundle's .mlpackage is read back from disk and executed op by op by the
+MIL reference executor (runtimes/coreml_mil.py, EDGE_SPEC_COREML_EXECUTOR=mil) through the coreml runtime's own
+Backend (padding to fixed pass lengths, cache writes, drafter feeds). What this cannot show: speed and device
+placement on a Mac, and whether the Mac's kernels are batch-invariant (the host check measures that there).
+
+Tiny random checkpoints (tests/tiny.py); each bundle is converted once per module (~1 min: 5 target functions + the
+drafter step).
+"""
+
+import json
+import platform
+
+import numpy as np
+import pytest
+
+from edge_spec import checkpoints, kv
+from edge_spec.api import load_bundle
+from edge_spec.backend import Session
+from edge_spec.cli import main
+from edge_spec.errors import BundleError, ConfigError
+from edge_spec.exporters.coreml import DRAFTER_FUNCTION, PACKAGE, export_bundle, pass_lengths, target_function
+from edge_spec.generate import generate_plain
+from edge_spec.manifest import MANIFEST, read_manifest
+from edge_spec.runtimes import coreml_mil
+from edge_spec.runtimes.coreml import EXECUTOR_ENV, pad_mask
+from edge_spec.runtimes.torch import TorchBackend
+from edge_spec.sampling import SamplingParams
+from edge_spec.speculative import generate_speculative
+from tests.parity import assert_drafter_matches_eager, assert_target_matches_eager, prompt_ids
+from tests.test_executorch import OracleDrafter
+from tests.test_onnx import differing_windows, host_checked_session, tiny_drafter
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(autouse=True)
+def mil_executor(monkeypatch):
+    monkeypatch.setenv(EXECUTOR_ENV, "mil")
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama, tmp_path_factory):
+    """Tiny llama + a clustered drafter scoring with the target's (tied) table; fp32 compute."""
+    target = checkpoints.load(str(tiny_llama[0]))
+    drafter = tiny_drafter(target.config, head_from="target")
+    folder = export_bundle(target, tmp_path_factory.mktemp("cm") / "llama", drafter=drafter, precision="fp32",
+                           max_context=160, max_draft_len=4, max_pass=9)
+    return folder, target, drafter
+
+
+@pytest.fixture(scope="module")
+def gemma(tiny_gemma4, tmp_path_factory):
+    """Tiny Gemma-4 (sliding rings of 6 + 9 - 1 = 14 slots, KV sharing, per-layer inputs) + a dense-head drafter."""
+    target = checkpoints.load(str(tiny_gemma4[0]))
+    drafter = tiny_drafter(target.config, clustered=False)
+    folder = export_bundle(target, tmp_path_factory.mktemp("cm") / "gemma", drafter=drafter, precision="fp32",
+                           max_context=96, max_draft_len=4, max_pass=9)
+    return folder, target, drafter
+
+
+@pytest.fixture(params=["llama", "gemma"])
+def pair(request):
+    return request.getfixturevalue(request.param)
+
+
+# ---- the package ------------------------------------------------------------------------------------
+def test_one_multifunction_package_with_fixed_lengths(llama, gemma):
+    m = read_manifest(llama[0])
+    assert (m.format, m.binding, m.precision) == ("coreml", "io", "fp32")
+    assert {g.file for g in m.graphs.values()} == {PACKAGE}
+    lengths = m.graphs["target"].fixed["lengths"]
+    assert lengths == {str(t): target_function(t) for t in (1, 2, 3, 5, 9)} and pass_lengths(4, 9) == (1, 2, 3, 5, 9)
+    assert m.graphs["target"].fixed["slots"] == {"full": 160 + 8}  # headroom for pad rows
+    assert m.graphs["drafter"].method == DRAFTER_FUNCTION and not m.tables
+    assert kv.EMBED_TABLE not in [t.name for t in m.graphs["drafter"].io.inputs]
+    functions = coreml_mil.load_functions(llama[0] / PACKAGE)
+    assert set(functions) == set(lengths.values()) | {DRAFTER_FUNCTION}
+    f = functions["target_5"]
+    assert f.inputs["input_ids"] == ((1, 5), np.int32) and f.inputs["mask_full"][0] == (1, 1, 5, 168 + 5)
+    assert f.outputs[:2] == ["logits", "hidden"] and f.outputs[2] == "k_new_0"
+    g = read_manifest(gemma[0])
+    assert g.graphs["target"].fixed["slots"]["sliding"] == 6 + 9 - 1  # rings already hold a whole pass
+
+
+def test_weights_are_stored_once_across_functions(llama):
+    """save_multifunction deduplicates identical weights: 6 functions take about one copy of the weights."""
+    _, target, drafter = llama
+    params = sum(p.numel() for p in target.model.parameters()) + sum(p.numel() for p in drafter.parameters())
+    weights = llama[0] / PACKAGE / "Data" / "com.apple.CoreML" / "weights"
+    size = sum(p.stat().st_size for p in weights.rglob("*") if p.is_file())
+    assert size < 1.5 * 4 * params  # fp32: 4 bytes each; six separate packages would take ~6x
+
+
+def test_pad_mask_keeps_real_rows_and_isolates_pad_rows():
+    mask = kv.attention_mask(np.array([0, 1, -1, -1]), np.array([2, 3]), None)[None, None]  # [1, 1, 2, 4 + 2]
+    out = pad_mask(mask, t=2, n=3, s=4, s_f=6)  # [1, 1, 3, 6 + 3]
+    assert out.shape == (1, 1, 3, 9)
+    assert np.array_equal(out[0, 0, :2, :4], mask[0, 0, :, :4]) and np.array_equal(out[0, 0, :2, 6:8], mask[0, 0, :, 4:])
+    assert (out[0, 0, :2, 4:6] == kv.NEG_INF).all() and (out[0, 0, :2, 8] == kv.NEG_INF).all()
+    assert (out[0, 0, 2] == 0).sum() == 1 and out[0, 0, 2, 8] == 0  # a pad row sees only itself
+
+
+# ---- parity (the package as saved, executed op by op) ---------------------------------------------------
+def test_target_logits_match_eager_through_commits_and_rewinds(pair):
+    """fp32 programs <= 1e-4 of eager (tests/parity.py), with chunked prefill, passes padded to the fixed lengths,
+    random accepted prefixes, rewinds and a reset."""
+    assert_target_matches_eager(pair[0], pair[1])
+
+
+def test_drafter_steps_match_eager(pair):
+    """The drafter function fed the runtime's caches: same candidates (the clustered head's selection included),
+    logits and next hidden as the eager drafter."""
+    assert_drafter_matches_eager(*pair)
+
+
+# ---- exactness ----------------------------------------------------------------------------------------
+def test_verify_rows_are_bit_identical_to_decode_steps(pair):
+    """Through the executor (every sum in k order) a padded verify pass gives the bits of one-token steps, across
+    (gemma) ring wraps: the package's attention keeps every key in its slot, and pad rows change nothing."""
+    session = host_checked_session(pair[0])
+    windows = ((58, 6), (61, 5), (40, 2), (64, 4), (26, 9))
+    assert differing_windows(session, prompt_ids(90, seed=5), windows) == []
+
+
+def test_the_exactness_test_fails_when_sums_depend_on_shapes(llama, monkeypatch):
+    """Negative control: with BLAS matmuls (kernels chosen by shape) the same package is not batch-invariant and
+    the host check says so, so the test above can fail."""
+    monkeypatch.setattr(coreml_mil, "_rows_matmul", lambda x, w: np.matmul(x.astype(np.float32), w.astype(np.float32)))
+    engine = load_bundle(llama[0], host_check=False)
+    assert differing_windows(engine.session, prompt_ids(90, seed=5), ((58, 6), (61, 5), (40, 3))) != []
+    assert not engine.check_host(cache=False).exact
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_speculative_greedy_equals_plain_greedy(pair, k):
+    engine = load_bundle(pair[0])
+    ids = prompt_ids(9, seed=1)
+    plain = engine.generate(ids, max_new_tokens=30, speculative=False)
+    spec = engine.generate(ids, max_new_tokens=30, spec_k=k, lookup=False)
+    assert spec.tokens == plain.tokens and "spec" in spec.extra
+
+
+@pytest.mark.parametrize("wrong", ["always", "every third", "random"])
+def test_rejections_and_rewinds_never_change_the_output(gemma, wrong):
+    """Whatever the drafter proposes, greedy speculative output through the package equals plain greedy output,
+    over 60 tokens that wrap 14-slot rings many times."""
+    session = load_bundle(gemma[0]).session
+    prompt = prompt_ids(11, seed=1)
+    expected = generate_plain(session, prompt, max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0),
+                              stop_ids=frozenset()).tokens
+    rng = np.random.default_rng(7)
+    rule = {"always": lambda p: True, "every third": lambda p: p % 3 == 0, "random": lambda p: rng.random() < 0.4}[wrong]
+    out = generate_speculative(session, OracleDrafter(expected, len(prompt), rule), prompt, max_new_tokens=60,
+                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
+    assert out.tokens == expected
+
+
+# ---- compressed / fp16 packages ---------------------------------------------------------------------------
+def chunked_logits(session, ids, size=3):
+    """Logits of every position, in committed passes of `size` tokens (the package's longest function)."""
+    out = []
+    for start in range(0, len(ids), size):
+        out.append(session.forward(ids[start:start + size]).logits)
+        session.commit(len(ids[start:start + size]))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("precision,bound,agree", [("fp16", 5e-3, 0.95), ("int8", 0.05, 0.9), ("int4", 0.3, 0.75)])
+def test_fp16_and_compressed_logits_within_bound(llama, tmp_path, precision, bound, agree):
+    """fp16 compute and coremltools.optimize weight compression, vs eager fp32 (bound relative to the logits'
+    scale; tiny random weights are a worst case for int4: measured in docs/coreml.md), and greedy speculative ==
+    plain through the compressed package."""
+    _, target, drafter = llama
+    folder = export_bundle(target, tmp_path / precision, drafter=drafter, precision=precision, max_context=64,
+                           max_draft_len=2, max_pass=3)
+    engine = load_bundle(folder)
+    ref = Session(TorchBackend(target.model, engine.session.state.layout))
+    ids = prompt_ids(24, seed=11)
+    a, b = chunked_logits(engine.session, ids), chunked_logits(ref, ids)
+    assert np.abs(a - b).max() <= bound * np.abs(b).max()
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= agree
+    engine.session.reset()
+    plain = engine.generate(ids[:8], max_new_tokens=16, speculative=False)
+    assert engine.generate(ids[:8], max_new_tokens=16, spec_k=2, lookup=False).tokens == plain.tokens
+
+
+# ---- errors ---------------------------------------------------------------------------------------------
+@pytest.mark.skipif(platform.system() == "Darwin", reason="on macOS Core ML itself runs the package")
+def test_without_a_mac_loading_says_what_is_needed(llama, monkeypatch):
+    monkeypatch.delenv(EXECUTOR_ENV)
+    with pytest.raises(ConfigError, match="Core ML prediction needs macOS") as err:
+        load_bundle(llama[0])
+    assert f"{EXECUTOR_ENV}=mil" in str(err.value)
+
+
+def test_bad_executor_compute_units_and_provider_are_refused(llama, monkeypatch):
+    with pytest.raises(ConfigError, match="unknown compute units"):
+        load_bundle(llama[0], compute_units="ane")
+    with pytest.raises(ConfigError, match="--compute-units"):
+        load_bundle(llama[0], provider="xnnpack")
+    monkeypatch.setenv(EXECUTOR_ENV, "gpu")
+    with pytest.raises(ConfigError, match="not a Core ML executor"):
+        load_bundle(llama[0])
+
+
+def test_a_damaged_package_names_the_file(llama, tmp_path):
+    import shutil
+
+    dst = tmp_path / "bundle"
+    shutil.copytree(llama[0], dst)
+    model = dst / PACKAGE / "Data" / "com.apple.CoreML" / "model.mlmodel"
+    model.write_bytes(model.read_bytes()[:100])
+    with pytest.raises(BundleError, match=r"model\.mlmodel is truncated"):
+        load_bundle(dst)
+    from tests.test_executorch import _rehash
+
+    _rehash(dst, PACKAGE + "/Data/com.apple.CoreML/model.mlmodel")  # checksums re-recorded: only coremltools can tell
+    with pytest.raises(BundleError, match=r"program\.mlpackage: coremltools cannot read this package"):
+        load_bundle(dst)
+    raw = json.loads((dst / MANIFEST).read_text())
+    del raw["graphs"]["target"]["fixed"]
+    (dst / MANIFEST).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="lists no fixed pass lengths"):
+        load_bundle(dst)
+
+
+def test_cli_export_and_generate(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "cm"
+    assert main(["export", "--model", str(tiny_llama[0]), "--format", "coreml", "--quant", "8da4w",
+                 "--out", str(out)]) == 2
+    assert "no precision '8da4w'" in capsys.readouterr().err and not out.exists()
+    assert main(["export", "--model", str(tiny_llama[0]), "--drafter", "none", "--format", "coreml",
+                 "--max-context", "64", "--max-draft-len", "2", "--max-pass", "3", "--out", str(out)]) == 0
+    assert "coreml fp16" in capsys.readouterr().err
+    base = ["generate", "--bundle", str(out), "--prompt", "w5 w6 w7", "--max-new-tokens", "6", "--quiet"]
+    assert main(base) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(base + ["--compute-units", "cpu_and_ne", "--runtime", "torch"]) == 2
+    assert "applies to coreml bundles" in capsys.readouterr().err
+
+
+# ---- at real sizes ---------------------------------------------------------------------------------------
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@pytest.fixture(scope="module")
+def smollm2_package(smollm2, converted):
+    """SmolLM2-135M + the built-in drafter as one fp16 package (the default precision), passes of 1, 2, 3, 5, 9."""
+    import time
+
+    from edge_spec.api import resolve_drafter
+    from edge_spec.drafter import load_drafter
+
+    drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
+    start = time.perf_counter()
+    folder = export_bundle(smollm2, converted.parent / "bundle-coreml-fp16", drafter=drafter, max_context=256,
+                           max_pass=9)
+    print(f"\nSmolLM2 + drafter -> Core ML fp16: {time.perf_counter() - start:.0f} s, peak RSS {_peak_rss_mb():.0f} MB "
+          f"(this process so far), package {_package_mb(folder):.0f} MB")
+    return folder
+
+
+def _package_mb(folder) -> float:
+    return sum(p.stat().st_size for p in (folder / PACKAGE).rglob("*") if p.is_file()) / 1e6
+
+
+def test_smollm2_package_runs_and_speculates_exactly(smollm2, smollm2_package):
+    """The converted SmolLM2 package through the MIL executor: greedy output says Paris, logits within the fp16 bound
+    of eager fp32 (relative 2e-2 of their scale: fp16 compute rounds every op to 11 bits), greedy speculative ==
+    plain at k = 2, and the package stores the weights once (fp16: ~2 bytes per parameter)."""
+    engine = load_bundle(smollm2_package)
+    ids = smollm2.tokenizer.encode_prompt("What is the capital of France?", chat=True)
+    plain = engine.generate(ids, max_new_tokens=8, speculative=False)
+    assert "Paris" in plain.text
+    engine.session.reset()
+    ours = engine.session.forward(ids[:9]).logits
+    ref = Session(TorchBackend(smollm2.model, engine.session.state.layout)).forward(ids[:9]).logits
+    assert np.abs(ours - ref).max() <= 2e-2 * np.abs(ref).max()
+    assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.8
+    spec = engine.generate(ids, max_new_tokens=8, spec_k=2, lookup=False)
+    assert spec.tokens == plain.tokens
+    params = sum(p.numel() for p in smollm2.model.parameters())
+    assert _package_mb(smollm2_package) * 1e6 < 2.6 * params
+
+
+def test_e2b_sized_drafter_converts_and_matches_eager(tmp_path):
+    """The mission's drafter at its real size: a random Gemma-4 E2B-assistant-shaped drafter (hidden 256, 4 layers
+    [3 sliding, 1 full], vocab 262144 in 2048 clusters, top 32: ~76M parameters) beside a shallow Gemma-4 target of the
+    same vocabulary (2 layers, hidden 256; its global head dim equals head_dim, so transformers writes an empty
+    per_layer_config, which the loader once misread): conversion, executor parity of three draft steps (the clustered head's
+    4,096 candidates equal eager's), file size, export time and the executor's step time printed."""
+    import time
+
+    from edge_spec.drafter import new_drafter
+    from tests.tiny import gemma4_config, save_reference
+
+    folder = tmp_path / "target"
+    save_reference(gemma4_config(vocab_size=262144, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                 head_dim=64, global_head_dim=64, sliding_window=512, num_kv_shared_layers=0,
+                                 hidden_size_per_layer_input=0, vocab_size_per_layer_input=262144,
+                                 layer_types=["sliding_attention", "full_attention"]), folder)
+    target = checkpoints.load(str(folder))
+    drafter = new_drafter(target.config, hidden_size=256, num_layers=4, intermediate_size=2048, num_centroids=2048,
+                          top_k_clusters=32)
+    n = sum(p.numel() for p in drafter.parameters())
+    assert 70e6 < n < 80e6
+    start = time.perf_counter()
+    out = export_bundle(target, tmp_path / "bundle", drafter=drafter, precision="fp32", max_context=64,
+                        max_draft_len=2, max_pass=3)
+    export_s = time.perf_counter() - start
+    assert read_manifest(out).drafter.candidates_per_step == 32 * 262144 // 2048
+    step = coreml_mil.load_functions(out / PACKAGE)[DRAFTER_FUNCTION]
+    assert_drafter_matches_eager(out, target, drafter)
+    feeds = {name: np.zeros(shape, dtype) for name, (shape, dtype) in step.inputs.items()}
+    start = time.perf_counter()
+    step(feeds)
+    print(f"\nE2B-sized drafter ({n / 1e6:.1f}M params) + shallow target -> Core ML fp32: export {export_s:.0f} s, "
+          f"package {_package_mb(out):.0f} MB, executor drafter step {time.perf_counter() - start:.2f} s (numpy, not a "
+          f"Mac), peak RSS {_peak_rss_mb():.0f} MB")
