@@ -55,9 +55,18 @@ COREML_DIR = "coreml"
 PACKAGE = f"{COREML_DIR}/program.mlpackage"
 DRAFTER_FUNCTION = "drafter"
 QUANT_BLOCK = 32
-# ops kept in fp32 inside fp16 programs: RMSNorm's sum of squares overflows fp16 (SmolLM2's residual stream reaches
-# 290: 290^2 > 65504, measured through the MIL executor - every token came out 0)
+# ops kept in fp32 inside fp16 programs: RMSNorm's squares and their mean overflow fp16 (SmolLM2's residual stream
+# reaches 290 after 3 layers and 24,880 later: 290^2 > 65504; measured through the MIL executor - every token came out
+# 0), so the norm's pow / mean / + eps / sqrt / divide run in fp32
 FP32_OPS = frozenset({"pow", "reduce_mean", "sqrt", "rsqrt", "real_div"})
+
+
+def keep_fp32(op) -> bool:
+    """FP16ComputePrecision's op_selector: True keeps `op` in fp32 (FP32_OPS, and the + eps after a mean)."""
+    if op.op_type in FP32_OPS:
+        return True
+    return op.op_type == "add" and any(getattr(getattr(v, "op", None), "op_type", None) in FP32_OPS
+                                       for v in op.inputs.values())
 
 
 def target_function(t: int) -> str:
@@ -141,7 +150,7 @@ def convert(module: nn.Module, args: tuple, inputs: list[str], outputs: list[str
             program = torch.export.export(module, args, strict=False).run_decompositions()
             _drop_aliases(program)
             compute = ct.precision.FLOAT32 if precision == "fp32" else \
-                ct.transform.FP16ComputePrecision(op_selector=lambda op: op.op_type not in FP32_OPS)
+                ct.transform.FP16ComputePrecision(op_selector=lambda op: not keep_fp32(op))
             mlmodel = ct.convert(program, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
                                  compute_precision=compute, skip_model_load=True)
     except Exception as err:  # torch.export / coremltools raise many types: name the function and the cause
