@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
     exp.add_argument("--max-draft-len", type=int, default=8, help="largest --spec-k the bundle accepts (default 8)")
     exp.add_argument("--max-pass", type=int, default=None,
-                     help="targets with sliding-window layers (Gemma-4): most tokens per forward (prefill chunk, verify "
-                          "pass); rings get window + max-pass - 1 slots (default 64, or max-draft-len + 1 if larger)")
+                     help="most tokens per forward (prefill chunk, verify pass): sliding-window targets (Gemma-4) get "
+                          "rings of window + max-pass - 1 slots, executorch plans its buffers for it, coreml exports it "
+                          "as the longest fixed pass length (default 64, or max-draft-len + 1 if larger)")
     exp.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"],
                      help="torch.onnx exporter: dynamo (default, faster graphs) or torchscript (exports ~10x faster)")
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
