@@ -22,3 +22,19 @@ def quiet(*names: str, level: int = logging.ERROR):
     finally:
         for log, old in zip(loggers, before):
             log.setLevel(old)
+
+
+def import_coremltools():
+    """coremltools, imported without its import-time warnings (an untested torch version, no Core ML framework off
+    macOS: neither is the user's business), or a ConfigError saying what to install."""
+    import warnings
+
+    from .errors import ConfigError
+
+    try:
+        with quiet("coremltools", *IMPORT_NOISE), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import coremltools
+    except ImportError as err:
+        raise ConfigError(f"the coreml format needs coremltools ({err.name or err})", "pip install coremltools==9.0") from err
+    return coremltools

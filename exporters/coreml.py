@@ -47,7 +47,7 @@ from edge_spec.checkpoints import LoadedModel
 from edge_spec.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.formats import FORMATS
-from edge_spec.logs import IMPORT_NOISE, quiet
+from edge_spec.logs import IMPORT_NOISE, import_coremltools, quiet
 from edge_spec.manifest import GraphEntry
 from edge_spec.model import Transformer, spelled_gelu
 
@@ -131,18 +131,9 @@ def _drop_aliases(program) -> None:
     program.graph_module.recompile()
 
 
-def coremltools():
-    """coremltools, imported without its import-time warnings (untested torch version, no Core ML framework off
-    macOS: neither is the user's business while exporting)."""
-    with quiet("coremltools", *IMPORT_NOISE), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import coremltools as ct
-    return ct
-
-
 def convert(module: nn.Module, args: tuple, inputs: list[str], outputs: list[str], precision: str, what: str):
     """One fixed-shape function: torch.export -> ct.convert (mlprogram, iOS 18) -> renamed features -> compressed."""
-    ct = coremltools()
+    ct = import_coremltools()
     try:  # (coremltools' per-pass progress bars go to a buffer: the export's own bar reports each function)
         with torch.no_grad(), warnings.catch_warnings(), quiet("torch", "torch.export", "coremltools", *IMPORT_NOISE), \
                 contextlib.redirect_stderr(io.StringIO()):
@@ -240,7 +231,7 @@ def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | No
 
 
 def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
-    ct = coremltools()
+    ct = import_coremltools()
     cfg, layout, step = job.target.config, job.layout, job.step
     if layout.max_pass is None:
         raise ConfigError("a Core ML package needs fixed pass lengths", "pass --max-pass")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import platform
 import time
-import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +27,7 @@ from edge_spec import kv
 from edge_spec.backend import DraftStep, StepOutput
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.kv import KVLayout
-from edge_spec.logs import quiet
+from edge_spec.logs import import_coremltools
 
 EXECUTOR_ENV = "EDGE_SPEC_COREML_EXECUTOR"  # "mil": run the package through the MIL reference executor
 COMPUTE_UNITS = {"all": "ALL", "cpu_and_ne": "CPU_AND_NE", "cpu_and_gpu": "CPU_AND_GPU", "cpu": "CPU_ONLY"}
@@ -38,23 +37,13 @@ _FIX = "re-export the bundle: edge-spec export --format coreml --out DIR"
 Predictor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-def _coremltools():
-    try:
-        with quiet("coremltools"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import coremltools as ct
-    except ImportError as err:
-        raise ConfigError("the coreml runtime needs coremltools", "pip install coremltools==9.0") from err
-    return ct
-
-
 def _mac_predictors(package: Path, names: list[str], compute_units: str) -> dict[str, Predictor]:
     if platform.system() != "Darwin":
         raise ConfigError(
             "Core ML prediction needs macOS 15+ (or iOS 18+): this machine runs " + platform.system(),
             f"run the bundle on a Mac, or export --format onnx / executorch here; to check the package on this machine "
             f"set {EXECUTOR_ENV}=mil (the MIL reference executor: slow, for verification)")
-    ct = _coremltools()
+    ct = import_coremltools()
     units = ct.ComputeUnit[COMPUTE_UNITS[compute_units]]
     out = {}
     for name in names:
@@ -103,7 +92,7 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
         predictors, identity = _executor_predictors(package, names), "coreml MIL reference executor (numpy)"
     else:
         predictors = _mac_predictors(package, names, units)
-        ct = _coremltools()
+        ct = import_coremltools()
         identity = f"coreml {ct.__version__}, {platform.mac_ver()[0]}, compute units {units}"
     functions = {t: predictors[name] for t, name in lengths.items()}
     backend = CoreMLBackend(functions, layout, slots, identity)

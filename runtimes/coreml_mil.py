@@ -20,13 +20,12 @@ differently (fused ops, fp16 accumulation on the ANE) results differ within the 
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from edge_spec.errors import BundleError
-from edge_spec.logs import quiet
+from edge_spec.logs import import_coremltools
 
 _NP_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int32": np.int32, "int64": np.int64, "bool": np.bool_,
               "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16}
@@ -207,10 +206,8 @@ class MilFunction:
 
 def load_functions(package: Path) -> dict[str, MilFunction]:
     """Every function of a saved .mlpackage (a multifunction package has several), read back from disk."""
-    with quiet("coremltools"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import coremltools as ct
-        from coremltools.converters.mil.frontend.milproto.load import load
+    ct = import_coremltools()
+    from coremltools.converters.mil.frontend.milproto.load import load
 
     package = Path(package)
     if not (package / "Manifest.json").is_file():
