@@ -175,7 +175,7 @@ def _check_runtime(runtime: str) -> None:
 
 def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: str | None = None,
          max_context: int | None = None, threads: int | None = None, bundle: str | Path | None = None,
-         provider: str = "cpu", spin: bool = True, host_check: bool = True, compute_units: str | None = None) -> Engine:
+         provider: str | None = None, spin: bool = True, host_check: bool = True, compute_units: str | None = None) -> Engine:
     """Load a built-in model name or a local Hugging Face folder (+ optionally a drafter: 'builtin' or a
     folder) and return a ready Engine. With `bundle=DIR`, load an exported bundle instead (see `load_bundle`;
     runtime defaults to "ort" there, "torch" otherwise). `host_check`: with a drafter, probe (once per model,
@@ -209,15 +209,15 @@ def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
     return manifest.layout.with_context(max_context)
 
 
-def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int | None = None, provider: str = "cpu",
+def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int | None = None, provider: str | None = None,
                 max_context: int | None = None, verify_checksums: bool = True, spin: bool = True,
                 host_check: bool = True, compute_units: str | None = None) -> Engine:
     """Load an exported bundle (verified: schema, sha256 of every file, drafter/target pairing).
 
     runtime None: the one the bundle's format runs on (edge_spec.formats: onnx -> "ort", executorch ->
     "executorch"); "torch": the eager reference, reloading the checkpoints the bundle was exported from (their
-    content hashes must match the manifest). `provider`: onnxruntime's execution provider (cpu | xnnpack | coreml |
-    qnn). Speculative decoding is on by default when the bundle has a drafter.
+    content hashes must match the manifest). `provider`: onnx bundles: onnxruntime's execution provider (cpu, the default |
+    xnnpack | coreml); qnn bundles: qnn (the HTP, default) | cpu (the QDQ reference). Speculative decoding is on by default when the bundle has a drafter.
     `spin`: the target's idle threads busy-wait between steps (onnxruntime's default, fastest on an otherwise idle
     machine); False lets them sleep (use it when other processes share the cores). The drafter never spins: it runs
     between target steps and its spinning would steal their cores.

@@ -49,8 +49,10 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", default=None, choices=list(RUNTIMES),
                    help="execution runtime (default: the bundle format's - ort for onnx, executorch for executorch - "
                         "and torch for --model)")
-    p.add_argument("--provider", "--ep", dest="provider", default="cpu", choices=["cpu", "xnnpack", "coreml", "qnn"],
-                   help="onnxruntime execution provider for --runtime ort (default cpu; --ep is the same option)")
+    p.add_argument("--provider", "--ep", dest="provider", default=None, choices=["cpu", "xnnpack", "coreml", "qnn"],
+                   help="onnx bundles: onnxruntime's execution provider (cpu, the default | xnnpack | coreml); qnn "
+                        "bundles: qnn (the HTP, the default; simulated on x86-64) | cpu (the QDQ graphs on the CPU); "
+                        "--ep is the same option")
     p.add_argument("--compute-units", default=None, choices=["all", "cpu_and_ne", "cpu_and_gpu", "cpu"],
                    help="coreml bundles (macOS): the devices Core ML may use (default all)")
     p.add_argument("--max-context", type=int, default=None,
@@ -81,14 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="'builtin', a drafter folder or 'none' (default: the built-in drafter when the model ships "
                           "one, as smollm2-135m does; otherwise none)")
     exp.add_argument("--format", default="onnx", choices=list(FORMATS),
-                     help="artifact format: onnx (onnxruntime), executorch (one .pte, XNNPACK) or coreml (one "
-                          "multifunction .mlpackage); default onnx")
+                     help="artifact format: onnx (onnxruntime), executorch (one .pte, XNNPACK), coreml (one "
+                          "multifunction .mlpackage) or qnn (static QDQ graphs + context binaries for a Snapdragon "
+                          "HTP); default onnx")
     exp.add_argument("--quant", default=None, choices=list(PRECISIONS),
                      help="onnx: fp32, fp16 (fp16 compute for accelerator providers; ~10%% slower than fp32 on an "
                           "x86 CPU), int8 or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head); "
                           "executorch: fp32 or 8da4w (int8 dynamic activations, int4 weights in groups of 32); "
                           "coreml: fp16 (compute), fp32, int8 (per channel), int4 (per block of 32, GPU) or "
-                          "int4-channel (ANE); default: fp32 (onnx, executorch), fp16 (coreml)")
+                          "int4-channel (ANE); qnn: 16a8w (16-bit activations, 8-bit weights, QDQ) or 8a8w; "
+                          "default: fp32 (onnx, executorch), fp16 (coreml), 16a8w (qnn)")
     exp.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
     exp.add_argument("--max-draft-len", type=int, default=8, help="largest --spec-k the bundle accepts (default 8)")
     exp.add_argument("--max-pass", type=int, default=None,
@@ -97,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "as the longest fixed pass length (default 64, or max-draft-len + 1 if larger)")
     exp.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"],
                      help="torch.onnx exporter: dynamo (default, faster graphs) or torchscript (exports ~10x faster)")
+    exp.add_argument("--soc", default=None, choices=["sm8350", "sm8450", "sm8550", "sm8650", "sm8750"],
+                     help="qnn: the Snapdragon SoC the context binaries are compiled for (default sm8650, Snapdragon 8 "
+                          "Gen 3 / Galaxy S24)")
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
     check = sub.add_parser("check", help="probe whether this host keeps a bundle batch-invariant (verify rows == "
                                          "decode steps bit for bit), which exact speculative decoding needs")
@@ -195,11 +202,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .checkpoints import load as load_checkpoint
     from .drafter import load_drafter
     from .formats import check_precision, exporter, get_format
+    from .errors import ConfigError
 
     args.quant = args.quant or get_format(args.format).precisions[0]
     check_precision(get_format(args.format), args.quant)  # before any loading
     module = exporter(args.format)
     options = {"exporter": args.exporter} if args.format == "onnx" else {}
+    if args.soc is not None and args.format != "qnn":
+        raise ConfigError(f"--soc applies to --format qnn, not {args.format}", "drop --soc, or use --format qnn")
+    if args.format == "qnn" and args.soc is not None:
+        options["soc"] = args.soc
     choice = default_drafter(args.model) if args.drafter is None else args.drafter
     choice = None if choice == "none" else choice
     bar = tqdm(total=module.export_steps(choice is not None) + 1, desc="export", unit="step", file=sys.stderr,

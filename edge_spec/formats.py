@@ -35,6 +35,8 @@ FORMATS = {
     "coreml": Format("coreml", ("fp16", "fp32", "int8", "int4", "int4-channel"), BINDING_IO, "coreml",
                      "edge_spec.exporters.coreml", "edge_spec.runtimes.coreml", "pip install coremltools==9.0",
                      constant_tables=True, fixed_shapes=True),
+    "qnn": Format("qnn", ("16a8w", "8a8w"), BINDING_IO, "qnn", "edge_spec.exporters.qnn", "edge_spec.runtimes.qnn",
+                  "pip install onnxruntime-qnn==2.7.0", constant_tables=True, fixed_shapes=True),
 }
 EAGER_RUNTIME = "torch"  # reruns a bundle's source checkpoints in PyTorch (any format)
 RUNTIMES = (EAGER_RUNTIME,) + tuple(dict.fromkeys(f.runtime for f in FORMATS.values()))

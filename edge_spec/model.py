@@ -94,6 +94,49 @@ def attend(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, scale: flo
     return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
 
 
+def attend_concat(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, scale: float,
+                  keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention over cat(ks) / cat(vs) in 4-D tensors and the ops an accelerator compiler takes (MatMul, Concat,
+    Add, Softmax, Reshape, Transpose: no scatter, tile, expand or 5-D view): the QNN graphs' form.
+
+    q: [1, H, T, D]; ks[i], vs[i]: [1, H_kv, S_i, D] (the cache, then the new rows); mask: [1, 1, T, sum S_i]
+    additive -> [1, T, H * D]. Query rows are group-major per KV head (row g*T + t: query head g at step t), the
+    mask repeated by concatenation. Masked entries must be finite and low enough that exp() of them is 0 against
+    the row's real scores (a quantized mask input has a calibrated range: edge_spec.qnn_htp.MASK_FLOOR). `keep`
+    [1, 1, T, sum S_i], 1 where the mask is 0 and 0 elsewhere (an input: exact 0 / 1 after quantization): masked
+    scores are zeroed before the mask is added and masked probabilities after the softmax, so what a masked slot
+    holds cannot reach a row (measured on the simulated HTP without it: masked keys and values leaked ~2e-3 into
+    visible rows' logits - its softmax leaves masked entries a small weight - so verify rows differed from decode
+    steps; a keep computed in the graph from the mask was not exact enough)."""
+    b, h, t, d = q.shape
+    h_kv = ks[0].shape[1]
+    g = h // h_kv
+    qg = q.reshape(b, h_kv, g * t, d)  # [1, H_kv, G*T, D]
+    keys = torch.cat(ks, dim=2) if len(ks) > 1 else ks[0]  # [1, H_kv, S + T, D]
+    values = torch.cat(vs, dim=2) if len(vs) > 1 else vs[0]
+    grouped = torch.cat([mask] * g, dim=2) if g > 1 else mask  # [1, 1, G*T, S + T]
+    scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale
+    if keep is None:
+        probs = torch.softmax(scores + grouped, dim=-1)
+    else:  # masked scores := the mask's value and masked probabilities := 0, whatever masked keys / values hold
+        kept = torch.cat([keep] * g, dim=2) if g > 1 else keep
+        probs = torch.softmax(scores * kept + grouped, dim=-1) * kept
+    out = torch.matmul(probs, values)  # [1, H_kv, G*T, D]
+    return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
+
+
+def place_rows(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """cache [1, H_kv, S, D] with the new rows [1, H_kv, T, D] in their slots, by data movement only: slot j takes
+    row index[j] of cat(cache, new) (index [S] ints: j, or S + r where row r writes slot j). `write_rows` without a
+    scatter (which the HTP does not compile) and without arithmetic (which would rescale quantized values). The
+    gather runs on axis 0 of a [S + T, H_kv * D] view: the QNN EP 2.7.0's HTP Gather on axis 2 of a 4-D tensor
+    returns garbage (measured: 3.9 off the CPU provider on the same QDQ graph; axis 0: 1e-3)."""
+    both = torch.cat([cache, new], dim=2)  # [1, H_kv, S + T, D]
+    _, h, n, d = both.shape
+    picked = both.transpose(1, 2).reshape(n, h * d).index_select(0, index.long())  # [S, H_kv * D]
+    return picked.reshape(1, -1, h, d).transpose(1, 2)  # [1, H_kv, S, D]
+
+
 def slot_mask(mask: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Fold the new-row columns of a mask into the slots those rows take: [1, 1, T, S + T] -> [1, 1, T, S].
 
@@ -176,6 +219,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.attention_bias)
         self.qkv = None  # (weight, bias) of q/k/v packed (`Transformer.use_fused_ops`, llama family)
+        self.concat = False  # `attend_concat` / `place_rows` instead of `attend` (QNN graphs: exporters/static.fixed_models)
         self.head_counts = (cfg.num_heads, cfg.kv_heads[layer], cfg.kv_heads[layer])
         if self.gemma:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -243,6 +287,13 @@ class Attention(nn.Module):
         if slots is not None:
             out = attend_slots(q, ks[0], ks[1], slots, vs[0], *mask, self.scale, pad_keys=self.qkv is None)
             return self.o_proj(out), new
+        if self.concat:
+            mask, keep, index = mask if isinstance(mask, tuple) else (mask, None, None)
+            if index is not None and new is not None:  # the new rows go into their slots: S columns, fixed positions
+                ks, vs = (place_rows(ks[0], ks[1], index),), (place_rows(vs[0], vs[1], index),)
+                if self.stores_kv:
+                    shared[self.kind] = (ks, vs)
+            return self.o_proj(attend_concat(q, ks, vs, mask, self.scale, keep)), new
         return self.o_proj(attend(q, ks, vs, mask, self.scale)), new
 
 

@@ -38,18 +38,18 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from edge_spec import bundle, kv
+from edge_spec.exporters import static
 from edge_spec.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
 from edge_spec.checkpoints import LoadedModel
 from edge_spec.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, import_coremltools, quiet
+from edge_spec.fixed import function_slots, pass_lengths
 from edge_spec.manifest import GraphEntry
-from edge_spec.model import Transformer, spelled_gelu
 
 COREML_DIR = "coreml"
 PACKAGE = f"{COREML_DIR}/program.mlpackage"
@@ -71,53 +71,6 @@ def keep_fp32(op) -> bool:
 
 def target_function(t: int) -> str:
     return f"target_{t}"
-
-
-def pass_lengths(max_draft_len: int, prefill: int) -> tuple[int, ...]:
-    """The fixed pass lengths exported: decode (1), verify at k + 1 for k in 1, 2, 4 and max_draft_len, the prefill
-    chunk. The runtime pads a pass to the next one (adaptive k lands between them)."""
-    verify = {k + 1 for k in (1, 2, 4) if k <= max_draft_len} | {max_draft_len + 1}
-    return tuple(sorted({1, prefill} | verify))
-
-
-def function_slots(layout: kv.KVLayout, lengths: tuple[int, ...]) -> dict[str, int]:
-    """kind -> the cache slots the functions take: full layers get headroom for pad rows (see the module doc)."""
-    headroom = max(lengths) - 1
-    return {kind: layout.slots(kind) + (headroom if kind == kv.FULL else 0) for kind in layout.kinds()}
-
-
-# ---- flat wrappers (the converted signatures) ----------------------------------------------------
-class TargetFunction(nn.Module):
-    """(input_ids, position_ids, *masks, *caches) -> (logits, hidden, *new rows), slot attention."""
-
-    def __init__(self, model: Transformer, kinds: tuple[str, ...]):
-        super().__init__()
-        self.model, self.kinds = model, kinds
-
-    def forward(self, input_ids, position_ids, *rest):
-        n = len(self.kinds)
-        masks, caches = rest[:n], rest[n:]
-        out = self.model(input_ids, position_ids, dict(zip(self.kinds, masks)), list(caches[0::2]), list(caches[1::2]))
-        return (out.logits, out.hidden, *[r for k, v in zip(out.new_k, out.new_v) for r in (k, v)])
-
-
-class DrafterFunction(nn.Module):
-    """(input_ids, hidden, position_ids, *masks, *source caches) -> (ids, logits, next hidden); tables constant."""
-
-    def __init__(self, drafter: Drafter, target: Transformer, kinds: tuple[str, ...]):
-        super().__init__()
-        self.drafter, self.kinds = drafter, kinds
-        self.embed_scale = float(target.embed_scale)
-        self.embed = target.model.embed_tokens.weight
-        self.table = target.lm_head.weight if drafter.cfg.head_from == "target" else None
-
-    def forward(self, input_ids, hidden, position_ids, *rest):
-        n = len(self.kinds)
-        masks, caches = rest[:n], rest[n:]
-        token_embed = F.embedding(input_ids, self.embed) * self.embed_scale  # [1, 1, Ht]
-        pairs = {kind: (caches[2 * i], caches[2 * i + 1]) for i, kind in enumerate(self.kinds)}
-        out = self.drafter(token_embed, hidden, position_ids, dict(zip(self.kinds, masks)), pairs, self.table)
-        return out.token_ids.to(torch.int32), out.logits, out.hidden
 
 
 # ---- conversion ------------------------------------------------------------------------------------
@@ -191,26 +144,6 @@ def drafter_features(layout: kv.KVLayout, sources: dict[str, int]) -> tuple[list
     return [kv.feature_name(t.name) for t in io.inputs], [kv.feature_name(t.name) for t in io.outputs]
 
 
-def target_args(model: Transformer, layout: kv.KVLayout, slots: dict[str, int], t: int) -> tuple:
-    """Example inputs of `target_{t}` at the function's fixed shapes."""
-    ids = torch.zeros(1, t, dtype=torch.long)
-    pos = torch.arange(t)[None]
-    masks = tuple(torch.zeros(1, 1, t, slots[kind] + t) for kind in layout.kinds())
-    caches = tuple(torch.zeros(1, c.num_kv_heads, slots[c.kind], c.head_dim) for c in layout.caches for _ in "kv")
-    return (ids, pos, *masks, *caches)
-
-
-def drafter_args(target: Transformer, layout: kv.KVLayout, sources: dict[str, int], slots: dict[str, int]) -> tuple:
-    kinds = sorted(sources)
-    index = kv.source_caches(layout, sources)
-    ids, pos = torch.zeros(1, 1, dtype=torch.long), torch.tensor([[1]])
-    hidden = torch.zeros(1, 1, target.cfg.hidden_size)
-    masks = tuple(torch.zeros(1, 1, 1, slots[kind]) for kind in kinds)
-    caches = tuple(torch.zeros(1, layout.caches[index[k]].num_kv_heads, slots[k], layout.caches[index[k]].head_dim)
-                   for k in kinds for _ in "kv")
-    return (ids, hidden, pos, *masks, *caches)
-
-
 # ---- the bundle --------------------------------------------------------------------------------------
 def export_steps(with_drafter: bool) -> int:
     """How many times `export_bundle` calls `progress` with the default lengths (for a progress bar)."""
@@ -262,29 +195,23 @@ def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
 
 def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str, int], work: Path):
     """Convert and save each function as its own package under `work`; yields (function name, package path).
-
-    The models run as the package runs them: slot attention, rings addressed by position % slots, and the tanh GELU
-    written out (`model.spelled_gelu`: coremltools 9.0 converts torch.export's tanh GELU as the erf one)."""
-    model, layout = job.target.model.eval(), job.layout
-    model.slot_attention = True
-    model.sliding_ring = layout.slots(kv.SLIDING) if kv.SLIDING in layout.kinds() else None
-    try:
-        with spelled_gelu(model, *([job.drafter] if job.drafter is not None else [])):
-            names_in, names_out = target_features(layout)
-            for t in lengths:
-                job.step(f"converting the target at T = {t} ({job.precision})")
-                ml = convert(TargetFunction(model, layout.kinds()).eval(), target_args(model, layout, slots, t),
-                             names_in, names_out, job.precision, target_function(t))
-                yield target_function(t), _save(ml, work / f"{target_function(t)}.mlpackage")
-            if job.drafter is not None:
-                job.step(f"converting the drafter step ({job.precision})")
-                module = DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources))).eval()
-                d_in, d_out = drafter_features(layout, job.sources)
-                ml = convert(module, drafter_args(model, layout, job.sources, slots), d_in, d_out, job.precision,
-                             DRAFTER_FUNCTION)
-                yield DRAFTER_FUNCTION, _save(ml, work / f"{DRAFTER_FUNCTION}.mlpackage")
-    finally:
-        model.slot_attention, model.sliding_ring = False, None
+    The models run as the package runs them (`static.fixed_models`: slot attention, rings, the tanh GELU spelled
+    out: coremltools 9.0 converts torch.export's tanh GELU as the erf one)."""
+    layout = job.layout
+    with static.fixed_models(job) as model:
+        names_in, names_out = target_features(layout)
+        for t in lengths:
+            job.step(f"converting the target at T = {t} ({job.precision})")
+            ml = convert(static.TargetFunction(model, layout.kinds()).eval(), static.target_args(layout, slots, t),
+                         names_in, names_out, job.precision, target_function(t))
+            yield target_function(t), _save(ml, work / f"{target_function(t)}.mlpackage")
+        if job.drafter is not None:
+            job.step(f"converting the drafter step ({job.precision})")
+            module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources))).eval()
+            d_in, d_out = drafter_features(layout, job.sources)
+            ml = convert(module, static.drafter_args(model, layout, job.sources, slots), d_in, d_out, job.precision,
+                         DRAFTER_FUNCTION)
+            yield DRAFTER_FUNCTION, _save(ml, work / f"{DRAFTER_FUNCTION}.mlpackage")
 
 
 def _save(mlmodel, path: Path) -> Path:

@@ -30,12 +30,11 @@ from edge_spec.kv import CacheSpec, KVLayout
 
 BUCKET = 64  # cache slots bound per step are a multiple of this (or the layer's full slot count)
 PROVIDERS = {"cpu": "CPUExecutionProvider", "xnnpack": "XnnpackExecutionProvider",
-             "coreml": "CoreMLExecutionProvider", "qnn": "QNNExecutionProvider"}
+             "coreml": "CoreMLExecutionProvider"}
 _PROVIDER_FIX = {
     "xnnpack": "use an onnxruntime build with XNNPACK (the Android/iOS packages, or build with --use_xnnpack), "
                "or --provider cpu",
     "coreml": "on macOS install the standard `onnxruntime` wheel (it ships CoreML), or --provider cpu",
-    "qnn": "pip install onnxruntime-qnn (Snapdragon devices / the x86_64 HTP emulator), or --provider cpu",
 }
 
 
@@ -47,15 +46,19 @@ def _import_ort():
     return onnxruntime
 
 
-def make_session(path: Path, *, provider: str = "cpu", threads: int | None = None, initializers: dict | None = None,
-                 spin: bool = False):
-    """An InferenceSession on `provider` (cpu | xnnpack | coreml | qnn) with `threads` intra-op threads.
+def make_session(path: Path, *, provider: str | None = "cpu", threads: int | None = None,
+                 initializers: dict | None = None, spin: bool = False):
+    """An InferenceSession on `provider` (cpu, also for None | xnnpack | coreml) with `threads` intra-op threads.
 
     `initializers`: name -> numpy array supplied by the caller instead of the file's copy (shared tables).
     `spin`: let idle intra-op threads busy-wait (onnxruntime's default). On an idle 2-core machine spinning makes
     SmolLM2 int8 plain decode ~40% faster; with another process on the cores it costs ~45% (both measured,
     docs/architecture.md), so callers choose (edge_spec.api.load_bundle: target on, drafter off)."""
     ort = _import_ort()
+    provider = provider or "cpu"
+    if provider == "qnn":  # the old providers=["QNNExecutionProvider"] form silently ran everything on the CPU
+        raise ConfigError("onnx bundles do not run on Qualcomm's HTP (symbolic shapes, MatMulNBits)",
+                          "export a qnn bundle: edge-spec export --format qnn --soc sm8650 (static QDQ graphs)")
     if provider not in PROVIDERS:
         raise ConfigError(f"unknown execution provider {provider!r}", f"choose one of {', '.join(PROVIDERS)}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -78,8 +81,7 @@ def make_session(path: Path, *, provider: str = "cpu", threads: int | None = Non
         so.add_external_initializers(list(initializers), values)
         keep = [initializers, values]  # must outlive the session
     providers = [name] if name == "CPUExecutionProvider" else [name, "CPUExecutionProvider"]
-    options = {"xnnpack": [{"intra_op_num_threads": threads or os.cpu_count() or 1}],
-               "qnn": [{"backend_path": "libQnnHtp.so"}]}.get(provider, [{}])
+    options = {"xnnpack": [{"intra_op_num_threads": threads or os.cpu_count() or 1}]}.get(provider, [{}])
     if name != "CPUExecutionProvider":
         options.append({})
     try:
@@ -113,7 +115,7 @@ def check_graph_io(session, io: kv.GraphIO, path: Path) -> None:
                                   f"{w.dtype} {list(w.shape)}", "re-export the bundle")
 
 
-def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str = "cpu",
+def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str | None = None,
                 spin: bool = True) -> tuple["OrtBackend", "OrtDrafter | None"]:
     """The runtime half of the onnx format (edge_spec.formats): target session (spinning unless `spin` is False) +
     drafter session (never spinning), both binding the bundle's memory-mapped shared tables."""

@@ -18,11 +18,13 @@ from edge_spec.api import load_bundle
 from edge_spec.backend import Session
 from edge_spec.cli import main
 from edge_spec.errors import BundleError, ConfigError
-from edge_spec.exporters.coreml import DRAFTER_FUNCTION, PACKAGE, export_bundle, pass_lengths, target_function
+from edge_spec.exporters.coreml import DRAFTER_FUNCTION, PACKAGE, export_bundle, target_function
+from edge_spec.fixed import pass_lengths
 from edge_spec.generate import generate_plain
 from edge_spec.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes import coreml_mil
-from edge_spec.runtimes.coreml import EXECUTOR_ENV, pad_mask
+from edge_spec.fixed import pad_mask
+from edge_spec.runtimes.coreml import EXECUTOR_ENV
 from edge_spec.runtimes.torch import TorchBackend
 from edge_spec.sampling import SamplingParams
 from edge_spec.speculative import generate_speculative

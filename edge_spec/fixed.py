@@ -1,0 +1,198 @@
+"""Fixed-shape graphs under the `io` binding: the runtime half every fixed-shape format shares (Core ML, QNN).
+
+Accelerators that compile a graph ahead of time (the Apple Neural Engine, Qualcomm's HTP) run only fixed shapes,
+so such a format exports the target at a few pass lengths and the drafter step at one shape, all over caches of a
+fixed number of slots. This module holds what follows from that, independent of the format:
+
+  * `pass_lengths`: which lengths are exported (decode 1, verify k + 1 for k in 1, 2, 4 and max_draft_len, the
+    prefill chunk); a pass of t tokens runs the smallest length T >= t;
+  * `function_slots`: full layers get `longest pass - 1` slots of headroom, so a pad row's key never lands in a slot
+    a real row reads, even at the end of the context; rings keep kv.ring_slots (they already hold a whole pass);
+  * `pad_mask`: the contract's mask [1, 1, t, s + t] as a graph's [1, 1, T, S_f + T];
+  * `FixedBackend` / `FixedDrafter`: edge_spec.backend's Backend and DrafterBackend over such graphs: the runtime
+    holds the caches ([1, H_kv, S_f, D] float32 per cached layer), passes them to every call, writes the committed
+    rows itself. Pad rows repeat the last token at the next positions, see only themselves and are never committed.
+
+A format's runtime supplies `Predictor`s (feeds -> outputs, names as the graphs spell them) and `name` (contract
+name -> graph name: Core ML features spell "." as "_", ONNX keeps the contract's names).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from . import kv
+from .backend import DraftStep, StepOutput
+from .errors import ConfigError
+from .kv import KVLayout
+
+Predictor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def keep_name(kind: str) -> str:  # [1, 1, T, S] float32 0 / 1, placed form: 1 where the slot mask is 0
+    return f"keep.{kind}"
+
+
+def slot_index_name(kind: str) -> str:  # [S] int32, placed form: slot j takes row index[j] of cat(cache, new rows)
+    return f"slot_index.{kind}"
+
+
+def pass_lengths(max_draft_len: int, prefill: int) -> tuple[int, ...]:
+    """The fixed pass lengths exported: decode (1), verify at k + 1 for k in 1, 2, 4 and max_draft_len, the prefill
+    chunk. The runtime pads a pass to the next one (adaptive k lands between them)."""
+    verify = {k + 1 for k in (1, 2, 4) if k <= max_draft_len} | {max_draft_len + 1}
+    return tuple(sorted({1, prefill} | verify))
+
+
+def function_slots(layout: KVLayout, lengths: tuple[int, ...]) -> dict[str, int]:
+    """kind -> the cache slots the graphs take: full layers get headroom for pad rows (see the module doc)."""
+    headroom = max(lengths) - 1
+    return {kind: layout.slots(kind) + (headroom if kind == kv.FULL else 0) for kind in layout.kinds()}
+
+
+def pad_mask(mask: np.ndarray, t: int, n: int, s: int, s_f: int, floor: float = kv.NEG_INF) -> np.ndarray:
+    """The contract's mask [1, 1, t, s + t] as a graph's [1, 1, n, s_f + n]: real rows keep their columns (cache
+    slots [0, s), new rows [s_f, s_f + t)), slots [s, s_f) stay masked, pad row r sees only itself. Masked entries
+    become `floor` (a quantized graph needs a small finite one: its mask input has a calibrated range)."""
+    out = np.full((1, 1, n, s_f + n), floor, dtype=np.float32)
+    out[:, :, :t, :s] = np.maximum(mask[..., :s], floor)
+    out[:, :, :t, s_f:s_f + t] = np.maximum(mask[..., s:], floor)
+    for r in range(t, n):
+        out[0, 0, r, s_f + r] = 0.0
+    return out
+
+
+def slot_feeds(mask: np.ndarray, positions: np.ndarray, n: int, s: int, ring: bool,
+               floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """The placed form's inputs of one kind for a pass of t = len(positions) real rows padded to n: the contract's
+    mask [1, 1, t, s + t] as a slot mask [1, 1, n, s] (slot j of row r: the new row's column where this pass writes
+    slot j, else the cache column; pad rows see nothing) and the slot index [s] int32 (j, or s + r where real row r
+    writes slot j: position % s in a ring, the position otherwise; pad rows write nothing)."""
+    t = len(positions)
+    slots = positions % s if ring else positions
+    out = np.full((1, 1, n, s), floor, dtype=np.float32)
+    rows_view = out[0, 0]  # [n, s] (indexed apart: out[0, 0, :t, slots] would put the slots axis first)
+    rows_view[:t] = np.maximum(mask[0, 0, :, :s], floor)
+    rows_view[:t, slots] = np.maximum(mask[0, 0, :, s:s + t], floor)
+    index = np.arange(s, dtype=np.int32)
+    index[slots] = s + np.arange(t, dtype=np.int32)
+    return out, index
+
+
+class FixedBackend:
+    """edge_spec.backend.Backend over fixed-length target graphs (this runtime owns the caches)."""
+
+    def __init__(self, functions: dict[int, Predictor], layout: KVLayout, slots: dict[str, int], identity: str, *,
+                 name: str, feature: Callable[[str], str] = lambda n: n, mask_floor: float = kv.NEG_INF,
+                 fix: str = "re-export with --max-pass", placed: bool = False):
+        self.functions, self.layout, self.slots = functions, layout, slots
+        self.placed = placed  # the graphs take slot masks + slot indices (`slot_feeds`), not concat masks
+        self.lengths = sorted(functions)
+        self.identity = identity  # part of the host check's cache key
+        self.name, self.feature, self.mask_floor, self.fix = name, feature, mask_floor, fix
+        self.k = [np.zeros((1, c.num_kv_heads, slots[c.kind], c.head_dim), np.float32) for c in layout.caches]
+        self.v = [np.zeros_like(k) for k in self.k]
+        self._pending: list[np.ndarray] | None = None
+        self.kernel_s = 0.0
+
+    def length_for(self, t: int) -> int:
+        fit = [n for n in self.lengths if n >= t]
+        if not fit:
+            raise ConfigError(f"one forward over {t} tokens exceeds this bundle's longest graph ({self.lengths[-1]} "
+                              "tokens)", f"use a smaller --spec-k, or {self.fix}")
+        return fit[0]
+
+    def cache_feeds(self, indices) -> dict[str, np.ndarray]:
+        feeds = {}
+        for i in indices:
+            layer = self.layout.caches[i].layer
+            feeds[self.feature(kv.k_cache_name(layer))] = self.k[i]
+            feeds[self.feature(kv.v_cache_name(layer))] = self.v[i]
+        return feeds
+
+    def feeds(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray]) -> dict:
+        """The padded feeds of one pass ([1, t] ids and positions, the contract's masks) for the graph of length n."""
+        t = input_ids.shape[1]
+        n = self.length_for(t)
+        pad = n - t
+        ids = np.concatenate([input_ids[0], np.repeat(input_ids[0, -1:], pad)])[None].astype(np.int32)
+        pos = np.concatenate([position_ids[0], position_ids[0, -1] + 1 + np.arange(pad)])[None].astype(np.int32)
+        feeds = {self.feature(kv.INPUT_IDS): ids, self.feature(kv.POSITION_IDS): pos}
+        for kind in self.layout.kinds():
+            if self.placed:
+                mask, index = slot_feeds(masks[kind], position_ids[0], n, self.slots[kind], kind == kv.SLIDING,
+                                         self.mask_floor)
+                feeds[self.feature(kv.mask_name(kind))] = mask
+                feeds[self.feature(keep_name(kind))] = (mask == 0).astype(np.float32)
+                feeds[self.feature(slot_index_name(kind))] = index
+            else:
+                feeds[self.feature(kv.mask_name(kind))] = pad_mask(masks[kind], t, n, self.layout.slots(kind),
+                                                                   self.slots[kind], self.mask_floor)
+        feeds.update(self.cache_feeds(range(len(self.layout.caches))))
+        return feeds
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
+                n_cached: int, last_only: bool) -> StepOutput:
+        t = input_ids.shape[1]
+        feeds = self.feeds(input_ids, position_ids, masks)
+        start = time.perf_counter()
+        out = self.functions[self.length_for(t)](feeds)
+        self.kernel_s += time.perf_counter() - start
+        self._pending = [np.asarray(out[self.feature(name(c.layer))])[:, :, :t]
+                         for c in self.layout.caches for name in (kv.k_new_name, kv.v_new_name)]
+        rows = slice(t - 1, t) if last_only else slice(0, t)
+        logits = np.asarray(out[self.feature(kv.LOGITS)], dtype=np.float32)[0, rows]
+        hidden = np.asarray(out[self.feature(kv.HIDDEN)], dtype=np.float32)[0, rows]
+        return StepOutput(logits.copy(), hidden.copy())
+
+    def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        assert self._pending is not None, "commit without a forward"
+        for i, c in enumerate(self.layout.caches):
+            rows, slots = plan[c.kind]
+            self.k[i][:, :, slots] = self._pending[2 * i][:, :, rows]
+            self.v[i][:, :, slots] = self._pending[2 * i + 1][:, :, rows]
+        self._pending = None
+
+    def reset(self) -> None:
+        self._pending = None
+
+
+class FixedDrafter:
+    """edge_spec.backend.DrafterBackend over a fixed-shape drafter step graph, fed the target backend's caches."""
+
+    def __init__(self, predictor: Predictor, target: FixedBackend, sources: dict[str, int]):
+        self.predictor, self.target = predictor, target
+        self.sources = kv.source_caches(target.layout, sources)
+        self.kernel_s = 0.0
+        self._feeds = None
+
+    def begin(self, position: int, masks: dict[str, np.ndarray], n_cached: int) -> None:
+        name, floor = self.target.feature, self.target.mask_floor
+        feeds = {name(kv.POSITION_IDS): np.array([[position]], dtype=np.int32)}
+        for kind in self.sources:  # [1, 1, 1, S] -> [1, 1, 1, S_f], the headroom masked
+            s, s_f = self.target.layout.slots(kind), self.target.slots[kind]
+            mask = np.full((1, 1, 1, s_f), floor, dtype=np.float32)
+            mask[..., :s] = np.maximum(masks[kind][..., :s], floor)
+            feeds[name(kv.mask_name(kind))] = mask
+        self._feeds = feeds
+
+    def feeds(self, token: int, hidden: np.ndarray) -> dict[str, np.ndarray]:
+        name = self.target.feature
+        feeds = dict(self._feeds)
+        feeds[name(kv.INPUT_IDS)] = np.array([[token]], dtype=np.int32)
+        feeds[name(kv.HIDDEN)] = hidden.reshape(1, 1, -1).astype(np.float32)
+        feeds.update(self.target.cache_feeds(self.sources.values()))  # the committed caches, read in place
+        return feeds
+
+    def step(self, token: int, hidden: np.ndarray) -> DraftStep:
+        name = self.target.feature
+        feeds = self.feeds(token, hidden)
+        start = time.perf_counter()
+        out = self.predictor(feeds)
+        self.kernel_s += time.perf_counter() - start
+        return DraftStep(np.asarray(out[name(kv.DRAFT_TOKEN_IDS)]).astype(np.int64),
+                         np.asarray(out[name(kv.DRAFT_LOGITS)], dtype=np.float32),
+                         np.asarray(out[name(kv.DRAFT_HIDDEN)], dtype=np.float32)[0, 0].copy())

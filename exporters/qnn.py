@@ -1,0 +1,339 @@
+"""QNN exporter: static ONNX graphs of the target (one per fixed pass length) and the drafter step, quantized as QDQ
+with onnxruntime's own tools and compiled for a named Snapdragon SoC into EPContext models (QNN context binaries).
+
+    edge-spec export --format qnn --soc sm8650 --quant 16a8w|8a8w --out B
+
+The HTP runs no dynamic shapes, so the graphs are fixed-shape (`io` binding: caches are graph inputs, new rows
+outputs; edge_spec.fixed pads passes and holds the caches). The target is `static.PlacedTargetFunction`: per attention
+kind it takes the mask in slot form, an exact 0 / 1 `keep.<kind>` and `slot_index.<kind>` besides the contract's
+inputs, places new rows into their slots by data movement and attends over the slots (`model.place_rows`,
+`model.attend_concat`: what the HTP compiles; the manifest lists the real input order under `fixed.qnn`). Per graph:
+  1. torch.onnx (TorchScript exporter, opset 17, every shape static, ids int32) -> fp32 ONNX;
+  2. `qnn_preprocess_model` (QNN-friendly fusions);
+  3. calibration on our own prompt data: the shipped bench prompts' tokens plus the target's greedy continuation,
+     run through the fp32 graphs by the same padded runtime the bundle will use (edge_spec.fixed), as chunked
+     passes at every exported length (and the drafter's steps over them). Activation ranges are merged across
+     the target's lengths by tensor name, so every length quantizes every activation with the *same* scale: a
+     verify row and a decode step then see the same quantized values (per-length calibration would give them
+     different scales, and greedy speculative output would drift from plain);
+  4. `get_qnn_qdq_config` + `quantize` (16-bit activations / 8-bit weights by default; 8a8w as an option) ->
+     `qnn/<graph>.qdq.onnx`: portable (any SoC, and the CPU provider's reference run);
+  5. `ort.ModelCompiler` on the QNN EP for the SoC (CPU fallback disabled) -> `qnn/<graph>.ctx.onnx`: one
+     EPContext node holding the context binary (what the phone loads without re-preparing the graph). The export
+     fails if any node would not run on the HTP.
+Masked attention entries are fed as MASK_FLOOR (edge_spec.qnn_htp), not -1e30: the mask input has a calibrated range.
+Measured on the simulated HTP (docs/android-qnn.md): the bundles run fully on it, but its attention kernel lets masked
+values reach visible rows, so the host check turns speculative decoding off there; the CPU provider's run is exact.
+Exporters import the core only, never runtimes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from edge_spec import bundle, kv, qnn_htp
+from edge_spec.backend import Session
+from edge_spec.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
+from edge_spec.checkpoints import LoadedModel
+from edge_spec.drafter import Drafter
+from edge_spec.errors import ConfigError, ExportError
+from edge_spec.exporters import static
+from edge_spec.fixed import FixedBackend, FixedDrafter, keep_name, pass_lengths, slot_index_name
+from edge_spec.formats import FORMATS
+from edge_spec.generate import generate_plain
+from edge_spec.logs import quiet
+from edge_spec.manifest import GraphEntry
+from edge_spec.sampling import SamplingParams
+
+OPSET = 17
+CALIBRATION_PROMPTS = 2  # shipped bench prompts used for calibration
+CALIBRATION_TOKENS = 48  # per prompt: its first tokens + the target's greedy continuation to this many more
+MAX_SAMPLES = 12  # calibration feeds kept per graph
+QNN_DIR, DRAFTER_GRAPH = qnn_htp.QNN_DIR, qnn_htp.DRAFTER_GRAPH
+target_graph, qdq_file, ctx_file = qnn_htp.target_graph, qnn_htp.qdq_file, qnn_htp.ctx_file
+
+
+# ---- 1. static fp32 graphs ---------------------------------------------------------------------------
+def _onnx(module: nn.Module, args: tuple, io: tuple[list[str], list[str]], path: Path, what: str) -> None:
+    """torch.onnx (TorchScript, static shapes) of `module` at `args`, IO named `io` = (inputs, outputs)."""
+    names = {"input_names": io[0], "output_names": io[1]}
+    try:
+        with torch.no_grad(), quiet("torch.onnx"), warnings.catch_warnings(), contextlib.redirect_stdout(None):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, args, str(path), dynamo=False, opset_version=OPSET, do_constant_folding=True,
+                              **names)
+    except Exception as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ExportError(f"torch.onnx.export failed for the {what} graph: {first[:300]}",
+                          "use --format onnx for this model, or report the model config") from err
+    proto = onnx.load(str(path), load_external_data=False)
+    got = [v.name for v in proto.graph.input], [v.name for v in proto.graph.output]
+    if got != tuple(names.values()):
+        raise ExportError(f"the {what} graph exported with IO {got}, expected {tuple(names.values())}")
+
+
+# ---- 3. calibration ------------------------------------------------------------------------------------
+class _Recorder:
+    """A predictor over an fp32 CPU session that keeps (a sample of) the feeds it was given."""
+
+    def __init__(self, session):
+        self.session, self.feeds = session, []
+        self.outputs = [o.name for o in session.get_outputs()]
+
+    def __call__(self, feeds: dict) -> dict:
+        if len(self.feeds) < MAX_SAMPLES * 4:
+            self.feeds.append({k: np.array(v) for k, v in feeds.items()})
+        return dict(zip(self.outputs, self.session.run(None, feeds)))
+
+    def sample(self) -> list[dict]:
+        step = max(1, len(self.feeds) // MAX_SAMPLES)
+        return self.feeds[::step][:MAX_SAMPLES]
+
+
+def calibration_tokens(target: LoadedModel, run: Session, n_prompts: int = CALIBRATION_PROMPTS) -> list[list[int]]:
+    """Our prompt data: each shipped bench prompt's first tokens + the target's own greedy continuation."""
+    from importlib import resources
+
+    lines = resources.files("edge_spec.assets.prompts").joinpath("bench.jsonl").read_text().splitlines()
+    out, budget = [], min(CALIBRATION_TOKENS, run.max_context)
+    for line in lines[:n_prompts]:
+        item = json.loads(line)
+        ids = target.tokenizer.encode_prompt(item["prompt"], chat=bool(item.get("chat")))[:budget // 2]
+        rng = np.random.default_rng(len(out))  # tokenizers that map the text to few ids (tests): a few random ones
+        if len(set(ids)) < 4:
+            ids = (ids + rng.integers(4, target.config.vocab_size, 8).tolist())[:budget // 2]
+        more = generate_plain(run, ids, max_new_tokens=budget - len(ids), params=SamplingParams(),
+                              rng=rng, stop_ids=frozenset()).tokens
+        out.append(ids + list(more))
+    return out
+
+
+def calibrate(job: bundle.ExportJob, fp32: dict[str, Path], lengths: tuple[int, ...], slots: dict[str, int]):
+    """graph -> calibration feeds, gathered by running the fp32 graphs on the CPU through the bundle's own runtime."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    rec = {g: _Recorder(ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])) for g, p in fp32.items()}
+    backend = FixedBackend({t: rec[target_graph(t)] for t in lengths}, job.layout, slots, "qnn-calibration",
+                           name="qnn", mask_floor=qnn_htp.MASK_FLOOR, placed=True)
+    session = Session(backend)
+    drafter = FixedDrafter(rec[DRAFTER_GRAPH], backend, job.sources) if job.drafter is not None else None
+    sequences = calibration_tokens(job.target, session)
+    for t in lengths:  # chunked passes of exactly t tokens (the last may be shorter: a padded pass)
+        for tokens in sequences:
+            session.reset()
+            for start in range(0, len(tokens), t):
+                chunk = tokens[start:start + t]
+                out = session.forward(chunk)
+                session.commit(len(chunk))
+                if drafter is not None and session.length < session.max_context:
+                    drafter.begin(session.length, session.state.drafter_masks(), session.length)
+                    step = drafter.step(tokens[min(start + t, len(tokens)) - 1], out.hidden[-1])
+                    drafter.step(int(step.token_ids[np.argmax(step.logits)]), step.hidden)
+    return {g: r.sample() for g, r in rec.items()}
+
+
+def merged_ranges(pre: dict[str, Path], feeds: dict[str, list[dict]], work: Path, shared: list[str]) -> dict:
+    """tensor name -> (min, max) over every graph in `shared` (MinMax calibration), for tensors they all have.
+
+    Each cached layer's K (and V) cache input, its new rows output and the concatenation of the two get one range:
+    a key a verify pass computes (new rows) and the same key read back from the cache in a later decode step (cache
+    input) then quantize to the same integers, so verify rows and decode steps see the same attention inputs."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, items):
+            self.items = iter(items)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    ranges: dict[str, tuple[float, float]] = {}
+    seen: dict[str, int] = {}
+    for g in shared:
+        cal = create_calibrator(str(pre[g]), augmented_model_path=str(work / f"{g}.augmented.onnx"),
+                                calibrate_method=CalibrationMethod.MinMax)
+        cal.collect_data(Reader(feeds[g]))
+        for name, data in cal.compute_data().data.items():
+            lo, hi = float(np.min(data.range_value[0])), float(np.max(data.range_value[1]))
+            old = ranges.get(name, (lo, hi))
+            ranges[name] = (min(old[0], lo), max(old[1], hi))
+            seen[name] = seen.get(name, 0) + 1
+        del cal
+    ranges = {name: r for name, r in ranges.items() if seen[name] == len(shared)}
+    for group in cache_groups(onnx.load(str(pre[shared[0]]), load_external_data=False)):
+        group = [n for n in group if n in ranges]
+        if group:
+            union = (min(ranges[n][0] for n in group), max(ranges[n][1] for n in group))
+            ranges.update({n: union for n in group})
+    return ranges
+
+
+def cache_groups(proto: onnx.ModelProto) -> list[list[str]]:
+    """Per cache input (k_cache.l / v_cache.l): the input, its new rows output, and every tensor data movement makes
+    of them (Gather of the new rows into slots, the Where that places them, a Concat) - one range for all."""
+    outputs = {o.name for o in proto.graph.output}
+    movers = [n for n in proto.graph.node if n.op_type in ("Gather", "Where", "Concat", "Transpose", "Reshape")]
+    groups = []
+    for value in proto.graph.input:
+        if not value.name.startswith(("k_cache.", "v_cache.")):
+            continue
+        layer = value.name.split(".", 1)[1]
+        new = ("k_new." if value.name.startswith("k_") else "v_new.") + layer
+        group = {value.name} | ({new} if new in outputs else set())
+        while True:  # data movement closes over the group (Where: its value inputs, not the condition)
+            more = {n.output[0] for n in movers if (n.input[1:] if n.op_type == "Where" else n.input[:1]) and
+                    any(i in group for i in (n.input[1:] if n.op_type == "Where" else n.input[:1]))}
+            if more <= group:
+                break
+            group |= more
+        groups.append(sorted(group))
+    return groups
+
+
+# ---- 4. QDQ ---------------------------------------------------------------------------------------------
+def quantize(pre: Path, out: Path, feeds: list[dict], scheme: str, ranges: dict | None) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize as ort_quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, items):
+            self.items = iter(items)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    act, weight = (getattr(QuantType, n) for n in qnn_htp.QUANTS[scheme])
+    graph_inputs = {i.name for i in onnx.load(str(pre), load_external_data=False).graph.input}
+    with quiet("root", "onnxruntime"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            config = get_qnn_qdq_config(str(pre), Reader(feeds[:2] if ranges else feeds), activation_type=act,
+                                        weight_type=weight)
+            fixed = config.extra_options.setdefault("TensorQuantOverrides", {})
+            for name, (lo, hi) in (ranges or {}).items():  # the merged ranges, where QNN fixes no scale itself
+                if name in fixed or (name in graph_inputs and not name.startswith(("mask", "k_cache", "v_cache"))):
+                    continue
+                fixed[name] = [{"rmin": np.float32(lo), "rmax": np.float32(hi)}]
+            ort_quantize(str(pre), str(out), config)
+        finally:
+            logging.disable(logging.NOTSET)
+
+
+# ---- 5. context binaries -----------------------------------------------------------------------------------
+def compile_context(qdq: Path, out: Path, soc: qnn_htp.Soc) -> None:
+    """EPContext model for `soc` (context binary embedded); refuses a graph that does not fully land on the HTP."""
+    ort, _ = qnn_htp.import_qnn()
+    so = qnn_htp.session_options(soc)
+    try:
+        ort.ModelCompiler(so, str(qdq), embed_compiled_data_into_model=True,
+                          flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED).compile_to_file(str(out))
+    except Exception as err:
+        off = qnn_htp.off_htp(qdq, soc) if "fallback to CPU EP" in str(err) else []
+        if off:
+            raise ExportError(f"{len(off)} node(s) of {qdq.name} would run outside the HTP on {soc.name}: "
+                              f"{', '.join(off[:8])}", "report the model config; --format onnx runs it on the CPU") from err
+        raise ExportError(f"QNN could not compile {qdq.name} for {soc.name}: {str(err).strip()[:400]}",
+                          "report the model config; --format onnx runs it on the CPU") from err
+    others = [f"{n.op_type} {n.name}" for n in onnx.load(str(out)).graph.node if n.op_type != "EPContext"]
+    if others:
+        raise ExportError(f"{len(others)} node(s) of {qdq.name} would run outside the HTP on {soc.name}: "
+                          f"{', '.join(others[:5])}", "report the model config; --format onnx runs it on the CPU")
+
+
+# ---- the bundle -------------------------------------------------------------------------------------------
+def export_steps(with_drafter: bool) -> int:
+    """How many times `export_bundle` calls `progress` with the default lengths (for a progress bar)."""
+    n = len(pass_lengths(DEFAULT_MAX_DRAFT_LEN, max(kv.DEFAULT_MAX_PASS, DEFAULT_MAX_DRAFT_LEN + 1))) + with_drafter
+    return COMMON_STEPS + n + 1 + 2 * n
+
+
+def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
+                  drafter_source: str | None = None, precision: str = "16a8w", max_context: int | None = None,
+                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None, soc: str = qnn_htp.DEFAULT_SOC,
+                  progress: Callable[[str], None] | None = None) -> Path:
+    """Export `target` (+ `drafter`) to a QNN bundle for `soc` at `out`, atomically (edge_spec.bundle.export).
+
+    `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the longest fixed pass length."""
+    chip = qnn_htp.get_soc(soc)
+    qnn_htp.import_qnn()  # fail before any work when the EP is missing
+
+    def write(job: bundle.ExportJob):
+        return _write(job, chip)
+
+    return bundle.export(target, out, fmt=FORMATS["qnn"], write=write, drafter=drafter, drafter_source=drafter_source,
+                         precision=precision, max_context=max_context, max_draft_len=max_draft_len, max_pass=max_pass,
+                         progress=progress)
+
+
+def _write(job: bundle.ExportJob, soc: qnn_htp.Soc) -> tuple[dict, dict]:
+    cfg, layout, step = job.target.config, job.layout, job.step
+    if layout.max_pass is None:
+        raise ConfigError("a QNN bundle needs fixed pass lengths", "pass --max-pass")
+    lengths = pass_lengths(job.max_draft_len, layout.max_pass)
+    slots = {kind: layout.slots(kind) for kind in layout.kinds()}  # no headroom: new rows are their own columns
+    work = job.tmp / "work"
+    work.mkdir()
+    (job.tmp / QNN_DIR).mkdir()
+    fp32: dict[str, Path] = {}
+    target_io = kv.target_io(layout, cfg.vocab_size, cfg.hidden_size)
+    drafter_io = None
+    kinds = layout.kinds()
+    names_in = [t.name for t in target_io.inputs]
+    placed_in = names_in[:2 + len(kinds)] + [keep_name(k) for k in kinds] + [slot_index_name(k) for k in kinds] \
+        + names_in[2 + len(kinds):]
+    with static.fixed_models(job, attention="placed") as model:
+        for t in lengths:
+            step(f"exporting the target at T = {t}")
+            fp32[target_graph(t)] = work / f"{target_graph(t)}.onnx"
+            _onnx(static.PlacedTargetFunction(model, kinds).eval(), static.placed_target_args(layout, slots, t),
+                  (placed_in, [o.name for o in target_io.outputs]), fp32[target_graph(t)], target_graph(t))
+        if job.drafter is not None:
+            step("exporting the drafter step")
+            drafter_io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size,
+                                       job.drafter.cfg.candidates_per_step, output_table=False, tables=False)
+            fp32[DRAFTER_GRAPH] = work / f"{DRAFTER_GRAPH}.onnx"
+            module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources))).eval()
+            _onnx(module, static.drafter_args(model, layout, job.sources, slots, ids=torch.int32),
+                  ([t.name for t in drafter_io.inputs], [t.name for t in drafter_io.outputs]), fp32[DRAFTER_GRAPH],
+                  DRAFTER_GRAPH)
+        step("calibrating on the bench prompts (fp32 graphs, CPU)")
+        feeds = calibrate(job, fp32, lengths, slots)
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    pre = {}
+    for g, path in fp32.items():
+        pre[g] = work / f"{g}.pre.onnx"
+        if not qnn_preprocess_model(str(path), str(pre[g])):
+            pre[g] = path
+    targets = [target_graph(t) for t in lengths]
+    ranges = merged_ranges(pre, feeds, work, targets)
+    for g in fp32:
+        step(f"quantizing {g} ({job.precision})")
+        quantize(pre[g], job.tmp / qdq_file(g), feeds[g], job.precision, ranges if g in targets else None)
+        step(f"compiling {g} for {soc.name} (HTP v{soc.htp_arch})")
+        compile_context(job.tmp / qdq_file(g), job.tmp / ctx_file(g), soc)
+    for leftover in work.iterdir():
+        leftover.unlink()
+    work.rmdir()
+    chip = {"soc": soc.name, "soc_model": soc.soc_model, "htp_arch": soc.htp_arch, "quant": job.precision,
+            "mask_floor": qnn_htp.MASK_FLOOR, "sdk": qnn_htp.versions(), "target_inputs": placed_in}
+    fixed = {"lengths": {str(t): target_graph(t) for t in lengths}, "slots": slots, "qnn": chip}
+    graphs = {"target": GraphEntry(QNN_DIR, job.precision, target_io, fixed=fixed)}
+    if drafter_io is not None:
+        graphs["drafter"] = GraphEntry(QNN_DIR, job.precision, drafter_io, method=DRAFTER_GRAPH,
+                                       fixed={"slots": slots, "qnn": chip})
+    return graphs, {}
