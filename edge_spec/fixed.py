@@ -65,21 +65,34 @@ def pad_mask(mask: np.ndarray, t: int, n: int, s: int, s_f: int, floor: float = 
     return out
 
 
-def slot_feeds(mask: np.ndarray, positions: np.ndarray, n: int, s: int, ring: bool,
+def slot_feeds(mask: np.ndarray, positions: np.ndarray, n: int, s: int, s_f: int, ring: bool,
                floor: float) -> tuple[np.ndarray, np.ndarray]:
-    """The placed form's inputs of one kind for a pass of t = len(positions) real rows padded to n: the contract's
-    mask [1, 1, t, s + t] as a slot mask [1, 1, n, s] (slot j of row r: the new row's column where this pass writes
-    slot j, else the cache column; pad rows see nothing) and the slot index [s] int32 (j, or s + r where real row r
-    writes slot j: position % s in a ring, the position otherwise; pad rows write nothing)."""
+    """The placed form's inputs of one kind for a pass of t = len(positions) real rows padded to n, over a graph of
+    s_f slots of which the runtime's layout uses s: the contract's mask [1, 1, t, s + t] as a slot mask [1, 1, n, s_f]
+    (slot j of row r: the new row's column where this pass writes slot j, else the cache column; slots [s, s_f) and
+    pad rows see nothing) and the slot index [s_f] int32 (j, or s_f + r where real row r writes slot j: position % s
+    in a ring, the position otherwise; pad rows write nothing)."""
     t = len(positions)
     slots = positions % s if ring else positions
-    out = np.full((1, 1, n, s), floor, dtype=np.float32)
-    rows_view = out[0, 0]  # [n, s] (indexed apart: out[0, 0, :t, slots] would put the slots axis first)
-    rows_view[:t] = np.maximum(mask[0, 0, :, :s], floor)
+    out = np.full((1, 1, n, s_f), floor, dtype=np.float32)
+    rows_view = out[0, 0]  # [n, s_f] (indexed apart: out[0, 0, :t, slots] would put the slots axis first)
+    rows_view[:t, :s] = np.maximum(mask[0, 0, :, :s], floor)
     rows_view[:t, slots] = np.maximum(mask[0, 0, :, s:s + t], floor)
-    index = np.arange(s, dtype=np.int32)
-    index[slots] = s + np.arange(t, dtype=np.int32)
+    index = np.arange(s_f, dtype=np.int32)
+    index[slots] = s_f + np.arange(t, dtype=np.int32)
     return out, index
+
+
+def fixed_shapes(entry, layout: KVLayout, what: str) -> tuple[dict[int, str], dict[str, int]]:
+    """A fixed-shape target entry's (pass length -> entry point, kind -> graph slots), checked against `layout`:
+    rings cannot shrink (their slot count is the graphs' modulus); full layers may use fewer slots than exported."""
+    lengths = {int(t): name for t, name in entry.fixed["lengths"].items()}
+    slots = {kind: int(n) for kind, n in entry.fixed["slots"].items()}
+    for c in layout.caches:
+        if c.window and c.slots != slots[c.kind]:
+            raise ConfigError(f"this {what}'s rings hold {slots[c.kind]} slots; a layout of {c.slots} cannot run on "
+                              "its fixed shapes", "load it with its exported --max-context")
+    return lengths, slots
 
 
 class FixedBackend:
@@ -123,8 +136,8 @@ class FixedBackend:
         feeds = {self.feature(kv.INPUT_IDS): ids, self.feature(kv.POSITION_IDS): pos}
         for kind in self.layout.kinds():
             if self.placed:
-                mask, index = slot_feeds(masks[kind], position_ids[0], n, self.slots[kind], kind == kv.SLIDING,
-                                         self.mask_floor)
+                mask, index = slot_feeds(masks[kind], position_ids[0], n, self.layout.slots(kind), self.slots[kind],
+                                         kind == kv.SLIDING, self.mask_floor)
                 feeds[self.feature(kv.mask_name(kind))] = mask
                 feeds[self.feature(keep_name(kind))] = (mask == 0).astype(np.float32)
                 feeds[self.feature(slot_index_name(kind))] = index

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from edge_spec import kv
 from edge_spec.errors import BundleError, ConfigError
-from edge_spec.fixed import FixedBackend, FixedDrafter, Predictor
+from edge_spec.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
 from edge_spec.kv import KVLayout
 from edge_spec.logs import import_coremltools
 
@@ -70,12 +70,7 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     entry = manifest.graphs["target"]
     if not entry.fixed or "lengths" not in entry.fixed:
         raise BundleError(f"{folder}: the coreml target entry lists no fixed pass lengths", _FIX)
-    lengths = {int(t): name for t, name in entry.fixed["lengths"].items()}
-    slots = {kind: int(s) for kind, s in entry.fixed["slots"].items()}
-    for c in layout.caches:
-        if c.window and c.slots != slots[c.kind]:
-            raise ConfigError(f"this Core ML package's rings hold {slots[c.kind]} slots; a layout of {c.slots} cannot "
-                              "run on its fixed shapes", "load it with its exported --max-context")
+    lengths, slots = fixed_shapes(entry, layout, "Core ML package")
     names = list(lengths.values()) + ([manifest.graphs["drafter"].method] if manifest.drafter else [])
     package = folder / entry.file
     executor = os.environ.get(EXECUTOR_ENV, "")

@@ -18,7 +18,7 @@ import numpy as np
 
 from edge_spec import qnn_htp
 from edge_spec.errors import BundleError, ConfigError
-from edge_spec.fixed import FixedBackend, FixedDrafter, Predictor
+from edge_spec.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
 from edge_spec.kv import KVLayout
 
 PROVIDERS = ("qnn", "cpu")
@@ -73,12 +73,7 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     if not entry.fixed or "lengths" not in entry.fixed or not info:
         raise BundleError(f"{folder}: the qnn target entry lists no fixed pass lengths or SoC", _FIX)
     soc = qnn_htp.get_soc(info["soc"])
-    lengths = {int(t): name for t, name in entry.fixed["lengths"].items()}
-    slots = {kind: int(s) for kind, s in entry.fixed["slots"].items()}
-    for c in layout.caches:
-        if c.window and c.slots != slots[c.kind]:
-            raise ConfigError(f"this QNN bundle's rings hold {slots[c.kind]} slots; a layout of {c.slots} cannot run "
-                              "on its fixed shapes", "load it with its exported --max-context")
+    lengths, slots = fixed_shapes(entry, layout, "QNN bundle")
     file = qnn_htp.ctx_file if provider == "qnn" else qnn_htp.qdq_file
     sessions = {t: open_session(folder / file(name), provider, soc, threads) for t, name in lengths.items()}
     where = f"HTP {soc.name} (v{soc.htp_arch}), {qnn_htp.versions()}" if provider == "qnn" else "CPU provider"

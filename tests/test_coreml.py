@@ -296,19 +296,10 @@ def test_e2b_sized_drafter_converts_and_matches_eager(tmp_path):
     4,096 candidates equal eager's), file size, export time and the executor's step time printed."""
     import time
 
-    from edge_spec.drafter import new_drafter
-    from tests.tiny import gemma4_config, save_reference
+    from tests.tiny import e2b_pair
 
-    folder = tmp_path / "target"
-    save_reference(gemma4_config(vocab_size=262144, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                                 head_dim=64, global_head_dim=64, sliding_window=512, num_kv_shared_layers=0,
-                                 hidden_size_per_layer_input=0, vocab_size_per_layer_input=262144,
-                                 layer_types=["sliding_attention", "full_attention"]), folder)
-    target = checkpoints.load(str(folder))
-    drafter = new_drafter(target.config, hidden_size=256, num_layers=4, intermediate_size=2048, num_centroids=2048,
-                          top_k_clusters=32)
+    target, drafter = e2b_pair(tmp_path / "target")
     n = sum(p.numel() for p in drafter.parameters())
-    assert 70e6 < n < 80e6
     start = time.perf_counter()
     out = export_bundle(target, tmp_path / "bundle", drafter=drafter, precision="fp32", max_context=64,
                         max_draft_len=2, max_pass=3)

@@ -250,6 +250,15 @@ def test_8a8w_within_its_bound_and_exact(llama, tmp_path):
     assert cpu.generate(ids[:6], max_new_tokens=10, spec_k=2, lookup=False).tokens == plain.tokens
 
 
+def test_a_smaller_context_runs_on_the_same_graphs(llama):
+    """--max-context below the exported one: the full layers' extra graph slots stay masked, tokens unchanged."""
+    ids = prompt_ids(9, seed=1)
+    full, small = (load_bundle(llama[0], provider="cpu", max_context=m, host_check=False) for m in (None, 32))
+    assert small.max_context == 32
+    assert small.generate(ids, max_new_tokens=12, speculative=False).tokens == \
+        full.generate(ids, max_new_tokens=12, speculative=False).tokens
+
+
 # ---- errors ------------------------------------------------------------------------------------------------------
 def test_bad_soc_provider_and_damaged_files_are_refused(llama, tmp_path):
     with pytest.raises(ConfigError, match="unknown Snapdragon SoC"):
@@ -294,19 +303,10 @@ def test_e2b_sized_drafter_quantizes_compiles_and_matches_the_cpu_qdq_graph(tmp_
     import resource
     import time
 
-    from edge_spec.drafter import new_drafter
-    from tests.tiny import gemma4_config, save_reference
+    from tests.tiny import e2b_pair
 
-    folder = tmp_path / "target"
-    save_reference(gemma4_config(vocab_size=262144, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                                 head_dim=64, global_head_dim=64, sliding_window=512, num_kv_shared_layers=0,
-                                 hidden_size_per_layer_input=0, vocab_size_per_layer_input=262144,
-                                 layer_types=["sliding_attention", "full_attention"]), folder)
-    target = checkpoints.load(str(folder))
-    drafter = new_drafter(target.config, hidden_size=256, num_layers=4, intermediate_size=2048, num_centroids=2048,
-                          top_k_clusters=32)
+    target, drafter = e2b_pair(tmp_path / "target")
     n = sum(p.numel() for p in drafter.parameters())
-    assert 70e6 < n < 80e6
     start = time.perf_counter()
     out = export_bundle(target, tmp_path / "bundle", drafter=drafter, max_context=64, max_draft_len=2, max_pass=3)
     export_s = time.perf_counter() - start

@@ -95,3 +95,22 @@ def gemma4_assistant(target_config, *, ordered: bool, seed: int = 0, num_assista
             model.masked_embedding.token_ordering.copy_(torch.randperm(target_config.vocab_size))
     model.generation_config.num_assistant_tokens = num_assistant_tokens
     return model
+
+
+def e2b_pair(folder: Path):
+    """The mission's drafter at its real size: a random Gemma-4 E2B-assistant-shaped drafter (hidden 256, 4 layers
+    [3 sliding, 1 full], vocab 262144 in 2048 clusters, top 32: ~75M parameters) beside a shallow Gemma-4 target of
+    the same vocabulary (2 layers, hidden 256; its global head dim equals head_dim, so transformers writes an empty
+    per_layer_config, which the loader once misread), saved under `folder`. Returns (target, drafter)."""
+    from edge_spec import checkpoints
+    from edge_spec.drafter import new_drafter
+
+    save_reference(gemma4_config(vocab_size=262144, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                 head_dim=64, global_head_dim=64, sliding_window=512, num_kv_shared_layers=0,
+                                 hidden_size_per_layer_input=0, vocab_size_per_layer_input=262144,
+                                 layer_types=["sliding_attention", "full_attention"]), folder)
+    target = checkpoints.load(str(folder))
+    drafter = new_drafter(target.config, hidden_size=256, num_layers=4, intermediate_size=2048, num_centroids=2048,
+                          top_k_clusters=32)
+    assert 70e6 < sum(p.numel() for p in drafter.parameters()) < 80e6
+    return target, drafter
