@@ -120,7 +120,7 @@ def chunked_logits(session, ids, size=5):
 def test_htp_logits_match_the_cpu_qdq_graphs_and_eager(llama):
     """HTP vs the same QDQ graphs on the CPU provider (the quantization is the same; only kernels differ), and the
     QDQ graphs vs eager fp32 (the 16a8w quantization error: per-tensor 8-bit weights on tiny random weights,
-    measured 0.23 of the logits' scale at most, 0.05 on average, top-1 equal everywhere), bounds relative to the
+    measured 0.057 of the logits' scale at most, 0.046 on average, top-1 equal everywhere), bounds relative to the
     logits' scale."""
     _, target, _ = llama
     htp, cpu = load_bundle(llama[0], host_check=False), load_bundle(llama[0], provider="cpu", host_check=False)
@@ -129,7 +129,7 @@ def test_htp_logits_match_the_cpu_qdq_graphs_and_eager(llama):
     a, b, c = (chunked_logits(s, ids) for s in (htp.session, cpu.session, ref))
     scale = np.abs(c).max()
     assert np.abs(a - b).max() <= 0.02 * scale
-    assert np.abs(b - c).max() <= 0.3 * scale and np.abs(b - c).mean() <= 0.08 * np.abs(c).mean()
+    assert np.abs(b - c).max() <= 0.15 * scale and np.abs(b - c).mean() <= 0.08 * np.abs(c).mean()
     assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9 and (b.argmax(-1) == c.argmax(-1)).mean() >= 0.9
 
 
