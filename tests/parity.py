@@ -14,6 +14,15 @@ def prompt_ids(n, seed=0, vocab=320):
     return [int(i) for i in np.random.default_rng(seed).integers(4, vocab, n)]
 
 
+def chunked_logits(session, ids, size):
+    """Logits [len(ids), V] of every position, in committed passes of `size` tokens."""
+    out = []
+    for start in range(0, len(ids), size):
+        out.append(session.forward(ids[start:start + size]).logits)
+        session.commit(len(ids[start:start + size]))
+    return np.concatenate(out)
+
+
 def assert_target_matches_eager(folder, target, threads=1):
     """Logits and hidden states == eager through chunked prefill, passes of 1-4 tokens with random accepted prefixes,
     rewinds that every ring still allows, and a reset (nothing stale may become visible)."""

@@ -28,7 +28,7 @@ from edge_spec.runtimes.coreml import EXECUTOR_ENV
 from edge_spec.runtimes.torch import TorchBackend
 from edge_spec.sampling import SamplingParams
 from edge_spec.speculative import generate_speculative
-from tests.parity import assert_drafter_matches_eager, assert_target_matches_eager, prompt_ids
+from tests.parity import assert_drafter_matches_eager, assert_target_matches_eager, chunked_logits, prompt_ids
 from tests.test_executorch import OracleDrafter
 from tests.test_onnx import differing_windows, host_checked_session, tiny_drafter
 
@@ -158,15 +158,6 @@ def test_rejections_and_rewinds_never_change_the_output(gemma, wrong):
 
 
 # ---- compressed / fp16 packages ---------------------------------------------------------------------------
-def chunked_logits(session, ids, size=3):
-    """Logits of every position, in committed passes of `size` tokens (the package's longest function)."""
-    out = []
-    for start in range(0, len(ids), size):
-        out.append(session.forward(ids[start:start + size]).logits)
-        session.commit(len(ids[start:start + size]))
-    return np.concatenate(out)
-
-
 @pytest.mark.parametrize("precision,bound,agree", [("fp16", 5e-3, 0.95), ("int8", 0.05, 0.9), ("int4", 0.3, 0.75)])
 def test_fp16_and_compressed_logits_within_bound(llama, tmp_path, precision, bound, agree):
     """fp16 compute and coremltools.optimize weight compression, vs eager fp32 (bound relative to the logits'
@@ -178,7 +169,7 @@ def test_fp16_and_compressed_logits_within_bound(llama, tmp_path, precision, bou
     engine = load_bundle(folder)
     ref = Session(TorchBackend(target.model, engine.session.state.layout))
     ids = prompt_ids(24, seed=11)
-    a, b = chunked_logits(engine.session, ids), chunked_logits(ref, ids)
+    a, b = chunked_logits(engine.session, ids, 3), chunked_logits(ref, ids, 3)  # 3: the package's longest function
     assert np.abs(a - b).max() <= bound * np.abs(b).max()
     assert (a.argmax(-1) == b.argmax(-1)).mean() >= agree
     engine.session.reset()

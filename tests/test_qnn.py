@@ -28,7 +28,7 @@ from edge_spec.runtimes.qnn import open_session
 from edge_spec.runtimes.torch import TorchBackend
 from edge_spec.sampling import SamplingParams
 from edge_spec.speculative import generate_speculative
-from tests.parity import prompt_ids
+from tests.parity import chunked_logits, prompt_ids
 from tests.test_executorch import OracleDrafter, _rehash
 from tests.test_onnx import differing_windows, tiny_drafter
 
@@ -109,14 +109,6 @@ def test_a_graph_the_htp_cannot_run_fails_loudly(tmp_path):
 
 
 # ---- numerics -------------------------------------------------------------------------------------------------
-def chunked_logits(session, ids, size=5):
-    out = []
-    for start in range(0, len(ids), size):
-        out.append(session.forward(ids[start:start + size]).logits)
-        session.commit(len(ids[start:start + size]))
-    return np.concatenate(out)
-
-
 def test_htp_logits_match_the_cpu_qdq_graphs_and_eager(llama):
     """HTP vs the same QDQ graphs on the CPU provider (the quantization is the same; only kernels differ), and the
     QDQ graphs vs eager fp32 (the 16a8w quantization error: per-tensor 8-bit weights on tiny random weights,
@@ -126,7 +118,7 @@ def test_htp_logits_match_the_cpu_qdq_graphs_and_eager(llama):
     htp, cpu = load_bundle(llama[0], host_check=False), load_bundle(llama[0], provider="cpu", host_check=False)
     ref = Session(TorchBackend(target.model, htp.session.state.layout))
     ids = prompt_ids(30, seed=11)
-    a, b, c = (chunked_logits(s, ids) for s in (htp.session, cpu.session, ref))
+    a, b, c = (chunked_logits(s, ids, 5) for s in (htp.session, cpu.session, ref))
     scale = np.abs(c).max()
     assert np.abs(a - b).max() <= 0.02 * scale
     assert np.abs(b - c).max() <= 0.15 * scale and np.abs(b - c).mean() <= 0.08 * np.abs(c).mean()
