@@ -14,7 +14,7 @@ from .checkpoints import LoadedModel
 from .config import kv_layout
 from .drafter import Drafter, check_pair
 from .errors import ConfigError
-from .formats import Format, check_precision
+from .formats import Format, check_binding, check_precision
 from .manifest import TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest, ModelEntry, TableEntry, content_id, write_bundle
 
 DEFAULT_MAX_DRAFT_LEN = 8
@@ -41,14 +41,17 @@ Writer = Callable[[ExportJob], tuple[dict[str, GraphEntry], dict[str, TableEntry
 def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, drafter: Drafter | None = None,
            drafter_source: str | None = None, precision: str | None = None, max_context: int | None = None,
            max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
-           progress: Callable[[str], None] | None = None) -> Path:
+           progress: Callable[[str], None] | None = None, binding: str | None = None) -> Path:
     """Export `target` (+ `drafter`) to a bundle of format `fmt` at `out`, atomically; `progress(step)` before each step.
 
+    `binding`: the KV binding (edge_spec.kv; default the format's, one of `fmt.bindings`).
     `max_pass`: the most tokens one forward may carry (prefill chunk, verify pass). It sizes sliding rings (`io`:
     W + max_pass - 1 slots, `state`: W + max_pass) and, under the `state` binding, the program's planned buffers;
     default 64, or max_draft_len + 1 if larger. `io` targets without sliding layers take any T and record no cap."""
     precision = precision or fmt.precisions[0]
     check_precision(fmt, precision)
+    binding = binding or fmt.binding
+    check_binding(fmt, binding)
     if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
         raise ConfigError(f"max_draft_len must be an integer >= 1, got {max_draft_len!r}")
     default_pass = max(kv.DEFAULT_MAX_PASS, max_draft_len + 1)
@@ -59,7 +62,7 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
                           f"use --max-pass {default_pass}, or lower --max-draft-len")
     cfg = target.config
     max_context = max_context or min(2048, cfg.max_position_embeddings)
-    layout = kv_layout(cfg, max_context, max_pass, fmt.binding, fmt.fixed_shapes)
+    layout = kv_layout(cfg, max_context, max_pass, binding, fmt.fixed_shapes)
     sources = check_pair(cfg, drafter.cfg) if drafter is not None else None
     step = progress or (lambda name: None)
 
@@ -87,7 +90,7 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
             format=fmt.name, precision=precision,
             target=ModelEntry(name=target.name, content_sha256=target_id, config=cfg.raw,
                               source=str(Path(target.folder).resolve())),
-            drafter=drafter_entry, layout=layout, binding=fmt.binding, vocab_size=cfg.vocab_size,
+            drafter=drafter_entry, layout=layout, binding=binding, vocab_size=cfg.vocab_size,
             hidden_size=cfg.hidden_size, embed_scale=float(target.model.embed_scale),
             bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else cfg.bos_token_id,
             eos_token_ids=tuple(sorted(target.stop_ids)), pad_token_id=cfg.pad_token_id, chat_template=tok.chat_template,

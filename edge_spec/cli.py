@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--soc", default=None, choices=["sm8350", "sm8450", "sm8550", "sm8650", "sm8750"],
                      help="qnn: the Snapdragon SoC the context binaries are compiled for (default sm8650, Snapdragon 8 "
                           "Gen 3 / Galaxy S24)")
+    exp.add_argument("--kv", default=None, choices=["io", "state"],
+                     help="coreml: how the functions hold the KV cache - io (inputs/outputs, default: what the Neural "
+                          "Engine runs) or state (MLState, iOS 18 / macOS 15: written in place, the GPU's form)")
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
     check = sub.add_parser("check", help="probe whether this host keeps a bundle batch-invariant (verify rows == "
                                          "decode steps bit for bit), which exact speculative decoding needs")
@@ -124,10 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--adaptive", action="store_true", help="also measure adaptive k (max = largest --spec-k)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=1, help="passes over the prompts (default 1)")
-    bench.add_argument("--peer", action="append", choices=["llama.cpp", "onnxruntime-genai"],
+    bench.add_argument("--peer", action="append", choices=["llama.cpp", "onnxruntime-genai", "executorch"],
                        help="also time a peer's plain decode of the same model (llama.cpp: llama-cpp-python; "
-                            "onnxruntime-genai: its model builder's graph of the target's checkpoint folder); "
+                            "onnxruntime-genai: its model builder's graph of the target's checkpoint folder; "
+                            "executorch: ExecuTorch's own Llama export of that folder run by its TextLLMRunner); "
                             "repeatable")
+    bench.add_argument("--et-precision", nargs="+", default=None, choices=["fp32"],
+                       help="--peer executorch precisions (fp32 only: ExecuTorch 1.5.1's export_llama fails on 8da4w "
+                            "with this torch / torchao, docs/benchmarks.md)")
     bench.add_argument("--genai-precision", nargs="+", default=None, choices=list(GENAI_PRECISIONS),
                        help="--peer onnxruntime-genai model precisions (default: the bundle's, fp32 for fp16)")
     bench.add_argument("--peer-gguf", nargs="+", default=None, help="GGUF files for --peer llama.cpp")
@@ -201,7 +208,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .api import default_drafter, resolve_drafter
     from .checkpoints import load as load_checkpoint
     from .drafter import load_drafter
-    from .formats import check_precision, exporter, get_format
+    from .formats import check_binding, check_precision, exporter, get_format
     from .errors import ConfigError
 
     args.quant = args.quant or get_format(args.format).precisions[0]
@@ -212,6 +219,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ConfigError(f"--soc applies to --format qnn, not {args.format}", "drop --soc, or use --format qnn")
     if args.format == "qnn" and args.soc is not None:
         options["soc"] = args.soc
+    if args.kv is not None:
+        check_binding(get_format(args.format), args.kv)
+        if args.format != "coreml":
+            raise ConfigError(f"--kv applies to --format coreml, not {args.format} (it always uses "
+                              f"{get_format(args.format).binding})", "drop --kv")
+        options["kv_binding"] = args.kv
     choice = default_drafter(args.model) if args.drafter is None else args.drafter
     choice = None if choice == "none" else choice
     bar = tqdm(total=module.export_steps(choice is not None) + 1, desc="export", unit="step", file=sys.stderr,

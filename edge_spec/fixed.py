@@ -1,4 +1,4 @@
-"""Fixed-shape graphs under the `io` binding: the runtime half every fixed-shape format shares (Core ML, QNN).
+"""Fixed-shape graphs: the runtime half every fixed-shape format shares (Core ML, QNN).
 
 Accelerators that compile a graph ahead of time (the Apple Neural Engine, Qualcomm's HTP) run only fixed shapes,
 so such a format exports the target at a few pass lengths and the drafter step at one shape, all over caches of a
@@ -12,6 +12,10 @@ fixed number of slots. This module holds what follows from that, independent of 
   * `FixedBackend` / `FixedDrafter`: edge_spec.backend's Backend and DrafterBackend over such graphs: the runtime
     holds the caches ([1, H_kv, S_f, D] float32 per cached layer), passes them to every call, writes the committed
     rows itself. Pad rows repeat the last token at the next positions, see only themselves and are never committed.
+  * the `state` binding (Core ML's MLState): the caches live in the program as states of `state_slots` slots (the
+    layout's, at least one spare, rounded up to STATE_ALIGN); each pass takes the slot mask (`slot_feeds`) and the
+    slot each row writes (`write_slots`: real rows their slot, pad rows the spare one, which no mask ever shows),
+    writes all its rows, and `commit` only accepts (KVState hides what it did not accept).
 
 A format's runtime supplies `Predictor`s (feeds -> outputs, names as the graphs spell them) and `name` (contract
 name -> graph name: Core ML features spell "." as "_", ONNX keeps the contract's names).
@@ -38,6 +42,27 @@ def keep_name(kind: str) -> str:  # [1, 1, T, S] float32 0 / 1, placed form: 1 w
 
 def slot_index_name(kind: str) -> str:  # [S] int32, placed form: slot j takes row index[j] of cat(cache, new rows)
     return f"slot_index.{kind}"
+
+
+def write_slots_name(kind: str) -> str:  # [T] int32, state form: the cache slot each row of the pass writes
+    return f"write_slots.{kind}"
+
+
+STATE_ALIGN = 32  # state binding: cache slots per kind are a multiple of this (what the Neural Engine wants of states)
+
+
+def state_slots(layout: KVLayout) -> dict[str, int]:
+    """kind -> slots of a `state` program's caches: the layout's plus at least one spare (pad rows write there),
+    rounded up to STATE_ALIGN."""
+    return {kind: -(-(layout.slots(kind) + 1) // STATE_ALIGN) * STATE_ALIGN for kind in layout.kinds()}
+
+
+def write_slots(positions: np.ndarray, n: int, s: int, s_f: int, ring: bool) -> np.ndarray:
+    """[n] int32: the slot each row of a pass of t = len(positions) real rows padded to n writes - position % s in a
+    ring, the position otherwise; pad rows the spare slot s_f - 1 (never attended: `slot_feeds` masks [s, s_f))."""
+    out = np.full(n, s_f - 1, dtype=np.int32)
+    out[:len(positions)] = positions % s if ring else positions
+    return out
 
 
 def pass_lengths(max_draft_len: int, prefill: int) -> tuple[int, ...]:
@@ -88,8 +113,10 @@ def fixed_shapes(entry, layout: KVLayout, what: str) -> tuple[dict[int, str], di
     rings cannot shrink (their slot count is the graphs' modulus); full layers may use fewer slots than exported."""
     lengths = {int(t): name for t, name in entry.fixed["lengths"].items()}
     slots = {kind: int(n) for kind, n in entry.fixed["slots"].items()}
+    state = layout.binding == kv.BINDING_STATE
+    expected = state_slots(layout) if state else {c.kind: c.slots for c in layout.caches}
     for c in layout.caches:
-        if c.window and c.slots != slots[c.kind]:
+        if c.window and expected[c.kind] != slots[c.kind]:
             raise ConfigError(f"this {what}'s rings hold {slots[c.kind]} slots; a layout of {c.slots} cannot run on "
                               "its fixed shapes", "load it with its exported --max-context")
     return lengths, slots
@@ -103,10 +130,12 @@ class FixedBackend:
                  fix: str = "re-export with --max-pass", placed: bool = False):
         self.functions, self.layout, self.slots = functions, layout, slots
         self.placed = placed  # the graphs take slot masks + slot indices (`slot_feeds`), not concat masks
+        self.state = layout.binding == kv.BINDING_STATE  # the graphs hold the caches (slot masks + write slots)
         self.lengths = sorted(functions)
         self.identity = identity  # part of the host check's cache key
         self.name, self.feature, self.mask_floor, self.fix = name, feature, mask_floor, fix
-        self.k = [np.zeros((1, c.num_kv_heads, slots[c.kind], c.head_dim), np.float32) for c in layout.caches]
+        self.k = [] if self.state else \
+            [np.zeros((1, c.num_kv_heads, slots[c.kind], c.head_dim), np.float32) for c in layout.caches]
         self.v = [np.zeros_like(k) for k in self.k]
         self._pending: list[np.ndarray] | None = None
         self.kernel_s = 0.0
@@ -120,6 +149,8 @@ class FixedBackend:
 
     def cache_feeds(self, indices) -> dict[str, np.ndarray]:
         feeds = {}
+        if self.state:  # the program's own states
+            return feeds
         for i in indices:
             layer = self.layout.caches[i].layer
             feeds[self.feature(kv.k_cache_name(layer))] = self.k[i]
@@ -135,7 +166,12 @@ class FixedBackend:
         pos = np.concatenate([position_ids[0], position_ids[0, -1] + 1 + np.arange(pad)])[None].astype(np.int32)
         feeds = {self.feature(kv.INPUT_IDS): ids, self.feature(kv.POSITION_IDS): pos}
         for kind in self.layout.kinds():
-            if self.placed:
+            if self.state:
+                s, s_f, ring = self.layout.slots(kind), self.slots[kind], kind == kv.SLIDING
+                feeds[self.feature(kv.mask_name(kind))] = slot_feeds(masks[kind], position_ids[0], n, s, s_f, ring,
+                                                                     self.mask_floor)[0]
+                feeds[self.feature(write_slots_name(kind))] = write_slots(position_ids[0], n, s, s_f, ring)
+            elif self.placed:
                 mask, index = slot_feeds(masks[kind], position_ids[0], n, self.layout.slots(kind), self.slots[kind],
                                          kind == kv.SLIDING, self.mask_floor)
                 feeds[self.feature(kv.mask_name(kind))] = mask
@@ -154,14 +190,17 @@ class FixedBackend:
         start = time.perf_counter()
         out = self.functions[self.length_for(t)](feeds)
         self.kernel_s += time.perf_counter() - start
-        self._pending = [np.asarray(out[self.feature(name(c.layer))])[:, :, :t]
-                         for c in self.layout.caches for name in (kv.k_new_name, kv.v_new_name)]
+        if not self.state:
+            self._pending = [np.asarray(out[self.feature(name(c.layer))])[:, :, :t]
+                             for c in self.layout.caches for name in (kv.k_new_name, kv.v_new_name)]
         rows = slice(t - 1, t) if last_only else slice(0, t)
         logits = np.asarray(out[self.feature(kv.LOGITS)], dtype=np.float32)[0, rows]
         hidden = np.asarray(out[self.feature(kv.HIDDEN)], dtype=np.float32)[0, rows]
         return StepOutput(logits.copy(), hidden.copy())
 
     def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        if self.state:  # the program wrote every row; KVState records which were accepted
+            return
         assert self._pending is not None, "commit without a forward"
         for i, c in enumerate(self.layout.caches):
             rows, slots = plan[c.kind]

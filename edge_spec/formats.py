@@ -25,6 +25,11 @@ class Format:
     install: str  # what to install when the exporter or runtime is missing
     constant_tables: bool = False  # the drafter graph holds the embedding / output tables itself (no table inputs)
     fixed_shapes: bool = False  # graphs at fixed pass lengths and cache sizes (GraphEntry.fixed), not symbolic ones
+    other_bindings: tuple[str, ...] = ()  # bindings its exporter also writes on request (`--kv`)
+
+    @property
+    def bindings(self) -> tuple[str, ...]:
+        return (self.binding,) + self.other_bindings
 
 
 FORMATS = {
@@ -34,7 +39,7 @@ FORMATS = {
                          "edge_spec.runtimes.executorch", "pip install executorch==1.5.1"),
     "coreml": Format("coreml", ("fp16", "fp32", "int8", "int4", "int4-channel"), BINDING_IO, "coreml",
                      "edge_spec.exporters.coreml", "edge_spec.runtimes.coreml", "pip install coremltools==9.0",
-                     constant_tables=True, fixed_shapes=True),
+                     constant_tables=True, fixed_shapes=True, other_bindings=(BINDING_STATE,)),
     "qnn": Format("qnn", ("16a8w", "8a8w"), BINDING_IO, "qnn", "edge_spec.exporters.qnn", "edge_spec.runtimes.qnn",
                   "pip install onnxruntime-qnn==2.7.0", constant_tables=True, fixed_shapes=True),
 }
@@ -53,6 +58,12 @@ def check_precision(fmt: Format, precision: str) -> None:
     if precision not in fmt.precisions:
         raise ConfigError(f"the {fmt.name} format has no precision {precision!r}",
                           f"choose one of {', '.join(fmt.precisions)} for --format {fmt.name}")
+
+
+def check_binding(fmt: Format, binding: str) -> None:
+    if binding not in fmt.bindings:
+        raise ConfigError(f"the {fmt.name} format has no KV binding {binding!r}",
+                          f"choose one of {', '.join(fmt.bindings)} for --format {fmt.name}")
 
 
 def _import(path: str, fmt: Format, role: str):

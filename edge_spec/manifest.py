@@ -294,9 +294,9 @@ def _verify_contract(m: Manifest, path: Path) -> None:
     if fmt is None:
         raise BundleError(f"{path}: format {m.format!r} is not one this edge-spec reads ({', '.join(FORMATS)})",
                           "update edge-spec, or re-export the bundle with --format " + "|".join(FORMATS))
-    if m.binding != fmt.binding or m.layout.binding != fmt.binding:
-        raise BundleError(f"{path}: KV binding {m.binding!r} (layout {m.layout.binding!r}) does not match the "
-                          f"{m.format} format's {fmt.binding!r}", _REEXPORT)
+    if m.binding not in fmt.bindings or m.layout.binding != m.binding:
+        raise BundleError(f"{path}: KV binding {m.binding!r} (layout {m.layout.binding!r}) is not one the "
+                          f"{m.format} format uses ({', '.join(fmt.bindings)})", _REEXPORT)
     if m.precision not in fmt.precisions:
         raise BundleError(f"{path}: unknown precision {m.precision!r} for the {m.format} format", _REEXPORT)
     if "target" not in m.graphs:

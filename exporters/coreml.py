@@ -1,7 +1,7 @@
 """Core ML exporter: ONE multifunction .mlpackage holding the target at fixed pass lengths and the drafter step,
 the KV caches as function inputs (the KV contract's `io` binding: the layout the Neural Engine runs well).
 
-    edge-spec export --format coreml --quant fp16|fp32|int8|int4|int4-channel --out B
+    edge-spec export --format coreml --quant fp16|fp32|int8|int4|int4-channel [--kv io|state] --out B
 
 Functions of `coreml/program.mlpackage` (coremltools `save_multifunction`, identical weights stored once):
   * `target_{T}` for each pass length T in `pass_lengths(...)` (1 = decode, 2..k+1 = verify, the largest = the
@@ -14,6 +14,16 @@ Functions of `coreml/program.mlpackage` (coremltools `save_multifunction`, ident
     layers' caches) -> (draft_token_ids, draft_logits, draft_hidden); the target's embedding (and output table) are
     constants of the function, deduplicated against the target's by `save_multifunction`.
 Feature names are the contract's (edge_spec.kv) with "." spelled "_" (`kv.feature_name`); ids are int32.
+
+`--kv state` (the contract's `state` binding, iOS 18 / macOS 15 MLState; what the GPU runs well): the caches are
+states k_cache_{l} / v_cache_{l} [1, H_kv, S_f, D] fp16 (Core ML's only state type), S_f = edge_spec.fixed.state_slots
+(the layout's slots + a spare one for pad rows, rounded up to 32), declared identically by every function, so one
+`make_state()` serves the target's functions and the drafter, which reads the target's state in place:
+  * `target_{T}`: (input_ids, position_ids, mask_{kind} [1, 1, T, S_f] slot form, write_slots_{kind} [T] int32)
+    -> (logits, hidden): scatters all T rows into their slots (pad rows into the spare slot), then attends over the
+    slots (edge_spec.exporters.static.StateTargetFunction);
+  * `drafter`: (input_ids, hidden, position_ids, mask_{kind} [1, 1, 1, S_f]) -> as above (it zeroes the spare slot of
+    every state, so that the converter declares them all: it makes states of mutated buffers only).
 
 Slots: full layers hold max_context + `headroom` slots (the largest pass length - 1), so a padded pass never
 writes a pad row's key into a slot a real row reads, even at the end of the context; rings keep kv.ring_slots
@@ -48,7 +58,7 @@ from edge_spec.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, import_coremltools, quiet
-from edge_spec.fixed import function_slots, pass_lengths
+from edge_spec.fixed import function_slots, pass_lengths, state_slots, write_slots_name
 from edge_spec.manifest import GraphEntry
 
 COREML_DIR = "coreml"
@@ -135,13 +145,22 @@ def compress(mlmodel, precision: str):
 
 
 def target_features(layout: kv.KVLayout) -> tuple[list[str], list[str]]:
+    """(inputs, outputs) of the target functions; `state`: the write slots follow the masks."""
     io = kv.target_io(layout, 1, 1)
-    return [kv.feature_name(t.name) for t in io.inputs], [kv.feature_name(t.name) for t in io.outputs]
+    inputs = [kv.feature_name(t.name) for t in io.inputs]
+    if layout.binding == kv.BINDING_STATE:
+        inputs += [kv.feature_name(write_slots_name(kind)) for kind in layout.kinds()]
+    return inputs, [kv.feature_name(t.name) for t in io.outputs]
 
 
 def drafter_features(layout: kv.KVLayout, sources: dict[str, int]) -> tuple[list[str], list[str]]:
     io = kv.drafter_io(layout, sources, 1, 1, 1, output_table=False, tables=False)
     return [kv.feature_name(t.name) for t in io.inputs], [kv.feature_name(t.name) for t in io.outputs]
+
+
+def state_names(layout: kv.KVLayout) -> list[str]:
+    """The `state` binding's state names, in the order every function declares them."""
+    return [kv.feature_name(name(c.layer)) for c in layout.caches for name in (kv.k_cache_name, kv.v_cache_name)]
 
 
 # ---- the bundle --------------------------------------------------------------------------------------
@@ -154,13 +173,14 @@ def export_steps(with_drafter: bool) -> int:
 def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
                   drafter_source: str | None = None, precision: str = "fp16", max_context: int | None = None,
                   max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
-                  progress: Callable[[str], None] | None = None) -> Path:
+                  progress: Callable[[str], None] | None = None, kv_binding: str = kv.BINDING_IO) -> Path:
     """Export `target` (+ `drafter`) to a Core ML bundle at `out`, atomically (edge_spec.bundle.export).
 
-    `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the largest fixed pass length."""
+    `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the largest fixed pass length.
+    `kv_binding`: "io" (caches as function IO, default) or "state" (MLState; see the module doc)."""
     return bundle.export(target, out, fmt=FORMATS["coreml"], write=_write, drafter=drafter,
                          drafter_source=drafter_source, precision=precision, max_context=max_context,
-                         max_draft_len=max_draft_len, max_pass=max_pass, progress=progress)
+                         max_draft_len=max_draft_len, max_pass=max_pass, progress=progress, binding=kv_binding)
 
 
 def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
@@ -169,7 +189,8 @@ def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
     if layout.max_pass is None:
         raise ConfigError("a Core ML package needs fixed pass lengths", "pass --max-pass")
     lengths = pass_lengths(job.max_draft_len, layout.max_pass)
-    slots = function_slots(layout, lengths)
+    state = layout.binding == kv.BINDING_STATE
+    slots = state_slots(layout) if state else function_slots(layout, lengths)
     work = job.tmp / "functions"
     work.mkdir()
     desc = ct.utils.MultiFunctionDescriptor()
@@ -183,13 +204,15 @@ def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
         ct.utils.save_multifunction(desc, str(job.tmp / PACKAGE))
     shutil.rmtree(work)
     fixed = {"lengths": {str(t): target_function(t) for t in lengths}, "slots": slots}
+    if state:  # what a runner outside Python needs to feed the functions and size the shared state
+        fixed |= {"inputs": target_features(layout)[0], "states": state_names(layout)}
     graphs = {"target": GraphEntry(PACKAGE, job.precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size),
                                    method=target_function(1), fixed=fixed)}
     if job.drafter is not None:
         drafter_io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size,
                                    job.drafter.cfg.candidates_per_step, output_table=False, tables=False)
         graphs["drafter"] = GraphEntry(PACKAGE, job.precision, drafter_io, method=DRAFTER_FUNCTION,
-                                       fixed={"slots": slots})
+                                       fixed={"slots": slots} | ({"states": state_names(layout)} if state else {}))
     return graphs, {}
 
 
@@ -198,20 +221,39 @@ def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str,
     The models run as the package runs them (`static.fixed_models`: slot attention, rings, the tanh GELU spelled
     out: coremltools 9.0 converts torch.export's tanh GELU as the erf one)."""
     layout = job.layout
-    with static.fixed_models(job) as model:
+    state = layout.binding == kv.BINDING_STATE
+    with static.fixed_models(job, attention="state" if state else "slots") as model:
         names_in, names_out = target_features(layout)
         for t in lengths:
-            job.step(f"converting the target at T = {t} ({job.precision})")
-            ml = convert(static.TargetFunction(model, layout.kinds()).eval(), static.target_args(layout, slots, t),
-                         names_in, names_out, job.precision, target_function(t))
+            job.step(f"converting the target at T = {t} ({job.precision}, {layout.binding} binding)")
+            if state:
+                module, args = static.StateTargetFunction(model, layout, slots), static.state_target_args(layout, slots, t)
+            else:
+                module, args = static.TargetFunction(model, layout.kinds()), static.target_args(layout, slots, t)
+            ml = convert(module.eval(), args, names_in, names_out, job.precision, target_function(t))
+            _check_states(ml, layout, target_function(t))
             yield target_function(t), _save(ml, work / f"{target_function(t)}.mlpackage")
         if job.drafter is not None:
             job.step(f"converting the drafter step ({job.precision})")
-            module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources))).eval()
             d_in, d_out = drafter_features(layout, job.sources)
-            ml = convert(module, static.drafter_args(model, layout, job.sources, slots), d_in, d_out, job.precision,
-                         DRAFTER_FUNCTION)
+            args = static.drafter_args(model, layout, job.sources, slots)
+            if state:
+                module = static.StateDrafterFunction(job.drafter.eval(), model, layout, slots, job.sources)
+                args = args[:3 + len(job.sources)]  # no cache inputs: the states
+            else:
+                module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources)))
+            ml = convert(module.eval(), args, d_in, d_out, job.precision, DRAFTER_FUNCTION)
+            _check_states(ml, layout, DRAFTER_FUNCTION)
             yield DRAFTER_FUNCTION, _save(ml, work / f"{DRAFTER_FUNCTION}.mlpackage")
+
+
+def _check_states(mlmodel, layout: kv.KVLayout, what: str) -> None:
+    """Every function of a `state` package must declare the same states (one MLState serves them all)."""
+    want = state_names(layout) if layout.binding == kv.BINDING_STATE else []
+    got = [s.name for s in mlmodel.get_spec().description.state]
+    if sorted(got) != sorted(want):
+        raise ExportError(f"the {what} function declares states {got}, expected {want}",
+                          "report the model config; export with --kv io meanwhile")
 
 
 def _save(mlmodel, path: Path) -> Path:

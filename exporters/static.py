@@ -9,6 +9,13 @@ Signatures (names from edge_spec.kv; a format may respell them, e.g. Core ML's "
               kind, the source layers' caches) -> (draft_token_ids [N], draft_logits [N], draft_hidden [1, 1, Ht])
 The drafter holds the target's embedding (and, for head_from="target", its output table) as constants. Ids and
 positions come in as int32 (what the ANE and the HTP index with) and are widened inside.
+
+The `state` binding (Core ML's MLState): the caches are buffers of the function module, k_cache_{l} / v_cache_{l}
+[1, H_kv, S_f, D] (S_f from edge_spec.fixed.state_slots), written in place:
+  target T:  (input_ids [1, T], position_ids [1, T], mask_{kind} [1, 1, T, S_f] (slot form), write_slots_{kind} [T]
+              int32) -> (logits [1, T, V], hidden [1, T, H]); every row is written at its slot before attending
+  drafter:   (input_ids [1, 1], hidden [1, 1, Ht], position_ids [1, 1], mask_{kind} [1, 1, 1, S_f]) -> as above,
+              reading the target's buffers (same names: one state object serves both functions).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from torch import nn
 
 from edge_spec import kv
 from edge_spec.drafter import Drafter
-from edge_spec.model import Attention, Transformer, spelled_gelu
+from edge_spec.model import Attention, Transformer, attend_slots, group_mask, spelled_gelu
 
 
 class TargetFunction(nn.Module):
@@ -77,6 +84,83 @@ class DrafterFunction(nn.Module):
         return out.token_ids.to(torch.int32), out.logits, out.hidden
 
 
+class StateCaches(nn.Module):
+    """The `state` binding's cache buffers, one K and one V [1, H_kv, S_f, D] per cached layer, named as the contract
+    spells them for Core ML (k_cache_{l}: `kv.feature_name`), so every function declares the same states: the base
+    of each state function (the buffers' names are their FQNs, which the converter names the states by)."""
+
+    def __init__(self, layout: kv.KVLayout, slots: dict[str, int]):
+        super().__init__()
+        self.layout = layout
+        for c in layout.caches:
+            for name in (kv.k_cache_name(c.layer), kv.v_cache_name(c.layer)):
+                self.register_buffer(kv.feature_name(name), torch.zeros(1, c.num_kv_heads, slots[c.kind], c.head_dim),
+                                     persistent=False)
+
+    def pair(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.layout.caches[i].layer
+        return (getattr(self, kv.feature_name(kv.k_cache_name(layer))),
+                getattr(self, kv.feature_name(kv.v_cache_name(layer))))
+
+    def write(self, i: int, k: torch.Tensor, v: torch.Tensor, index: torch.Tensor) -> None:
+        """Cached layer i's new rows k, v [1, H_kv, T, D] into slots index [T], in place (a scatter along the slots:
+        slice assignment would need contiguous slots, and a ring's pass may wrap). The rows are rounded to fp16 first:
+        the state keeps them so, and without it row t of a verify pass would see rows < t of the same pass in fp32
+        where one-token steps see them read back in fp16 (measured: 4e-5 apart in fp32 programs)."""
+        where = index.long().view(1, 1, -1, 1).expand(k.shape)
+        for buffer, rows in zip(self.pair(i), (k, v)):  # rounded as the fp16 state holds them, so a pass attends
+            buffer.scatter_(2, where, rows.half().to(rows.dtype))  # to its own rows as later passes will (exactness)
+
+    def touch(self) -> None:
+        """Zero each buffer's spare (last) slot: a function that only reads the caches still writes every one, so
+        the converter declares all of them as states (it makes states of mutated buffers only; read-only buffers
+        would become constants) and every function's states are the same set."""
+        for i in range(len(self.layout.caches)):
+            for buffer in self.pair(i):
+                buffer[:, :, -1:] = 0.0
+
+
+class StateTargetFunction(StateCaches):
+    """(input_ids, position_ids, *slot masks, *write slots) -> (logits, hidden) over the module's own caches."""
+
+    def __init__(self, model: Transformer, layout: kv.KVLayout, slots: dict[str, int]):
+        super().__init__(layout, slots)
+        self.model, self.kinds = model, layout.kinds()
+
+    def forward(self, input_ids, position_ids, *rest):
+        n = len(self.kinds)
+        masks, index = dict(zip(self.kinds, rest[:n])), dict(zip(self.kinds, rest[n:]))
+        grouped = {}  # (kind, groups) -> group_mask of the kind's slot mask, built once per forward
+
+        def attend(i, q, k, v, slots, mask, scale):  # q: [1, H, T, D]; k, v: [1, H_kv, T, D] or None (KV sharing)
+            kind = self.layout.caches[i].kind
+            if k is not None:
+                self.write(i, k, v, index[kind])
+            kc, vc = self.pair(i)
+            key = (kind, q.shape[1] // kc.shape[1])
+            if key not in grouped:
+                grouped[key] = group_mask(masks[kind], key[1])
+            return attend_slots(q, kc, None, None, vc, *grouped[key], scale)  # [1, T, H * D]
+
+        out = self.model(input_ids.long(), position_ids.long(), masks, [], [], write=attend)
+        return out.logits, out.hidden
+
+
+class StateDrafterFunction(StateCaches):
+    """(input_ids, hidden, position_ids, *slot masks) -> (ids, logits, next hidden), reading the target's caches."""
+
+    def __init__(self, drafter: Drafter, target: Transformer, layout: kv.KVLayout, slots: dict[str, int],
+                 sources: dict[str, int]):
+        super().__init__(layout, slots)
+        self.inner = DrafterFunction(drafter, target, tuple(sorted(sources)))
+        self.sources = kv.source_caches(layout, sources)
+
+    def forward(self, input_ids, hidden, position_ids, *masks):
+        self.touch()
+        views = [t for kind in self.inner.kinds for t in self.pair(self.sources[kind])]
+        return self.inner(input_ids, hidden, position_ids, *masks, *views)
+
+
 def target_args(layout: kv.KVLayout, slots: dict[str, int], t: int, ids: torch.dtype = torch.long) -> tuple:
     """Example inputs of the target at pass length `t` over caches of `slots` (kind -> S)."""
     input_ids = torch.zeros(1, t, dtype=ids)
@@ -96,6 +180,14 @@ def placed_target_args(layout: kv.KVLayout, slots: dict[str, int], t: int) -> tu
     return (ids, pos, *masks, *keeps, *index, *rest[len(kinds):])
 
 
+def state_target_args(layout: kv.KVLayout, slots: dict[str, int], t: int) -> tuple:
+    """Example inputs of `StateTargetFunction` at pass length `t` (int32 ids and write slots)."""
+    kinds = layout.kinds()
+    masks = tuple(torch.zeros(1, 1, t, slots[kind]) for kind in kinds)
+    index = tuple(torch.arange(t, dtype=torch.int32) for _ in kinds)
+    return (torch.zeros(1, t, dtype=torch.int32), torch.arange(t, dtype=torch.int32)[None], *masks, *index)
+
+
 def drafter_args(target: Transformer, layout: kv.KVLayout, sources: dict[str, int], slots: dict[str, int],
                  ids: torch.dtype = torch.long) -> tuple:
     """Example inputs of the drafter step over the source layers' caches."""
@@ -113,7 +205,7 @@ def drafter_args(target: Transformer, layout: kv.KVLayout, sources: dict[str, in
 def fixed_models(job, attention: str = "slots"):
     """The target (and drafter) set up as fixed-shape graphs run them, the tanh GELU written out
     (`model.spelled_gelu`). attention "slots": slot attention (batch-invariant in float: Core ML), rings addressed
-    by position % slots; "placed": `PlacedTargetFunction`'s form (`model.place_rows` + `model.attend_concat`: no
+    by position % slots; "state": the models as they are (`StateTargetFunction` addresses slots itself); "placed": `PlacedTargetFunction`'s form (`model.place_rows` + `model.attend_concat`: no
     scatter, what the HTP compiles).
     Yields the target model."""
     model, layout = job.target.model.eval(), job.layout
@@ -122,7 +214,7 @@ def fixed_models(job, attention: str = "slots"):
     if attention == "slots":
         model.slot_attention = True
         model.sliding_ring = layout.slots(kv.SLIDING) if kv.SLIDING in layout.kinds() else None
-    else:
+    elif attention == "placed":
         for m in layers:
             m.concat = True
     try:

@@ -1,6 +1,8 @@
-"""Core ML runtime: the Backend and DrafterBackend over one multifunction .mlpackage (exporters/coreml.py), `io`
-binding: this runtime holds the caches ([1, H_kv, S_kind, D] float32 per cached layer, S_kind the functions' fixed
-slots), passes them to every call and writes the committed rows itself (edge_spec.fixed, shared with QNN).
+"""Core ML runtime: the Backend and DrafterBackend over one multifunction .mlpackage (exporters/coreml.py).
+`io` binding: this runtime holds the caches ([1, H_kv, S_kind, D] float32 per cached layer, S_kind the functions'
+fixed slots), passes them to every call and writes the committed rows itself (edge_spec.fixed, shared with QNN).
+`state` binding: one state (MLState: `make_state()` of the first function) is passed to every function's prediction,
+the target's and the drafter's; the functions write their rows themselves and `commit` only accepts.
 
 A pass of t tokens runs the function of the smallest exported length T >= t: rows t..T-1 are pad rows (the last
 token again at the next positions, each seeing only itself; never committed or returned). Cache columns past the
@@ -30,7 +32,7 @@ COMPUTE_UNITS = {"all": "ALL", "cpu_and_ne": "CPU_AND_NE", "cpu_and_gpu": "CPU_A
 DEFAULT_COMPUTE_UNITS = "all"
 _FIX = "re-export the bundle: edge-spec export --format coreml --out DIR"
 
-def _mac_predictors(package: Path, names: list[str], compute_units: str) -> dict[str, Predictor]:
+def _mac_predictors(package: Path, names: list[str], compute_units: str, state: bool) -> dict[str, Predictor]:
     if platform.system() != "Darwin":
         raise ConfigError(
             "Core ML prediction needs macOS 15+ (or iOS 18+): this machine runs " + platform.system(),
@@ -38,24 +40,31 @@ def _mac_predictors(package: Path, names: list[str], compute_units: str) -> dict
             f"set {EXECUTOR_ENV}=mil (the MIL reference executor: slow, for verification)")
     ct = import_coremltools()
     units = ct.ComputeUnit[COMPUTE_UNITS[compute_units]]
-    out = {}
+    out, shared = {}, None
     for name in names:
         try:
             model = ct.models.MLModel(str(package), compute_units=units, function_name=name)
         except Exception as err:
             raise BundleError(f"{package}: Core ML cannot load function {name!r} ({str(err).strip()[:200]})", _FIX) from err
-        out[name] = model.predict
+        if state:  # one MLState for every function (identical state names and shapes: the exporter checks it)
+            shared = shared if shared is not None else model.make_state()
+            out[name] = lambda feeds, model=model: model.predict(feeds, state=shared)
+        else:
+            out[name] = model.predict
     return out
 
 
-def _executor_predictors(package: Path, names: list[str]) -> dict[str, Predictor]:
-    from edge_spec.runtimes.coreml_mil import load_functions
+def _executor_predictors(package: Path, names: list[str], state: bool) -> dict[str, Predictor]:
+    from edge_spec.runtimes.coreml_mil import load_functions, make_state
 
     functions = load_functions(package)
     missing = [n for n in names if n not in functions]
     if missing:
         raise BundleError(f"{package} has no function {missing[0]!r} (it has {', '.join(sorted(functions))})", _FIX)
-    return {n: functions[n] for n in names}
+    if not state:
+        return {n: functions[n] for n in names}
+    shared = make_state(functions[n] for n in names)
+    return {n: (lambda feeds, fn=functions[n]: fn(feeds, state=shared)) for n in names}
 
 
 def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str | None = None,
@@ -73,15 +82,17 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     lengths, slots = fixed_shapes(entry, layout, "Core ML package")
     names = list(lengths.values()) + ([manifest.graphs["drafter"].method] if manifest.drafter else [])
     package = folder / entry.file
+    state = layout.binding == kv.BINDING_STATE
     executor = os.environ.get(EXECUTOR_ENV, "")
     if executor not in ("", "mil"):
         raise ConfigError(f"{EXECUTOR_ENV}={executor!r} is not a Core ML executor", f"unset it, or set {EXECUTOR_ENV}=mil")
     if executor == "mil":
-        predictors, identity = _executor_predictors(package, names), "coreml MIL reference executor (numpy)"
+        predictors, identity = _executor_predictors(package, names, state), "coreml MIL reference executor (numpy)"
     else:
-        predictors = _mac_predictors(package, names, units)
+        predictors = _mac_predictors(package, names, units, state)
         ct = import_coremltools()
         identity = f"coreml {ct.__version__}, {platform.mac_ver()[0]}, compute units {units}"
+    identity += f", {layout.binding} binding"
     functions = {t: predictors[name] for t, name in lengths.items()}
     backend = FixedBackend(functions, layout, slots, identity, name="coreml", feature=kv.feature_name,
                            fix="re-export with --max-pass")

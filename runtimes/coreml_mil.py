@@ -10,12 +10,16 @@ included) and evaluates each op:
   * every other op through its own `value_inference` (coremltools' compile-time evaluator: the op's documented
     semantics), given the input values;
   * const and constexpr ops (compressed weights: dequantized by their value_inference) are evaluated once per
-    function.
+    function;
+  * states (iOS 18 MLState): a function's state inputs are looked up in a dict shared across calls and functions
+    (`make_state`, what Core ML's `make_state()` is on a Mac): `read_state` returns the stored fp16 tensor,
+    `coreml_update_state` replaces it.
 fp16 programs run their elementwise ops in numpy float16 (correctly rounded per op); where the Mac's kernels round
 differently (fused ops, fp16 accumulation on the ANE) results differ within the bounds the tests document.
 
     fn = load_functions(Path("B/coreml/program.mlpackage"))["target_1"]
     outputs = fn({"input_ids": ids, ...})  # dict of numpy arrays by feature name
+    state = make_state(functions.values()); fn(feeds, state=state)  # a package with states
 """
 
 from __future__ import annotations
@@ -131,20 +135,47 @@ def _unary(fn):
     return lambda op, get: fn(get("x").astype(np.float32))
 
 
+class _StateRef:
+    """A state input's value in a function's environment: where `read_state` / `coreml_update_state` go."""
+
+    __slots__ = ("store", "name")
+
+    def __init__(self, store: dict, name: str):
+        self.store, self.name = store, name
+
+
+def _read_state(op, get):
+    ref = get("input")
+    return ref.store[ref.name].copy()
+
+
+def _update_state(op, get):
+    ref, value = get("state"), get("value")
+    if value.shape != ref.store[ref.name].shape:
+        raise ValueError(f"state {ref.name!r} is {ref.store[ref.name].shape}, op {op.name} writes {value.shape}")
+    ref.store[ref.name] = value.astype(ref.store[ref.name].dtype)
+    return value
+
+
 # ops without a value_inference in coremltools 9.0, and the ones whose numerics the executor fixes
 _EXPLICIT = {"linear": _linear, "matmul": _matmul, "softmax": _softmax, "reduce_mean": _reduce(np.mean),
              "reduce_sum": _reduce(np.sum), "reduce_max": _reduce(np.max), "reduce_min": _reduce(np.min), "silu": _silu,
              "gelu": _gelu, "sigmoid": _unary(lambda x: 1.0 / (1.0 + np.exp(-x))), "tanh": _unary(np.tanh),
              "rsqrt": lambda op, get: 1.0 / np.sqrt(get("x").astype(np.float32) + np.float32(get("epsilon") or 0.0)),
-             "relu": _unary(lambda x: np.maximum(x, 0))}
+             "relu": _unary(lambda x: np.maximum(x, 0)), "read_state": _read_state,
+             "coreml_update_state": _update_state}
 
 
 class MilFunction:
     """One function of a MIL program as a callable: dict of named numpy inputs -> dict of named outputs."""
 
     def __init__(self, name: str, function):
+        from coremltools.converters.mil.mil import types
+
         self.name, self.function = name, function
-        self.inputs = {k: (tuple(v.shape), _np_dtype(v.dtype)) for k, v in function.inputs.items()}
+        self.states = {k: (tuple(v.shape), _np_dtype(v.sym_type.wrapped_type().get_primitive()))
+                       for k, v in function.inputs.items() if types.is_state(v.sym_type)}
+        self.inputs = {k: (tuple(v.shape), _np_dtype(v.dtype)) for k, v in function.inputs.items() if k not in self.states}
         self.outputs = [v.name for v in function.outputs]
         self.constants: dict[str, np.ndarray] = {}
         self.ops = []
@@ -162,8 +193,15 @@ class MilFunction:
         result = infer() if infer is not None else op.value_inference()
         return list(result) if len(op.outputs) > 1 else [result]
 
-    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, feeds: dict[str, np.ndarray], state: dict | None = None) -> dict[str, np.ndarray]:
+        """Run the function on `feeds`; `state` (from `make_state`) is read and updated in place."""
         env = dict(self.constants)
+        for name, (shape, _) in self.states.items():
+            if state is None or name not in state:
+                raise KeyError(f"function {self.name} reads state {name!r}: pass state=make_state(functions)")
+            if state[name].shape != shape:
+                raise ValueError(f"state {name!r} is {state[name].shape}, function {self.name} declares {shape}")
+            env[name] = _StateRef(state, name)
         for name, (shape, dtype) in self.inputs.items():
             if name not in feeds:
                 raise KeyError(f"function {self.name} needs input {name!r}")
@@ -202,6 +240,18 @@ class MilFunction:
             results = list(result) if len(op.outputs) > 1 else [result]
         for var, value in zip(op.outputs, results):
             env[var.name] = np.asarray(value).astype(_np_dtype(var.dtype), copy=False)
+
+
+def make_state(functions) -> dict[str, np.ndarray]:
+    """Zeroed states for the given functions (name -> array; functions that share a state must agree on it)."""
+    state = {}
+    for fn in functions:
+        for name, (shape, dtype) in fn.states.items():
+            if name in state and state[name].shape != shape:
+                raise BundleError(f"state {name!r} is {state[name].shape} in one function and {shape} in {fn.name}",
+                                  "re-export the bundle: edge-spec export --format coreml --kv state --out DIR")
+            state.setdefault(name, np.zeros(shape, dtype=dtype))
+    return state
 
 
 def load_functions(package: Path) -> dict[str, MilFunction]:

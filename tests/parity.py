@@ -23,9 +23,10 @@ def chunked_logits(session, ids, size):
     return np.concatenate(out)
 
 
-def assert_target_matches_eager(folder, target, threads=1):
+def assert_target_matches_eager(folder, target, threads=1, tol=LOGITS_TOL):
     """Logits and hidden states == eager through chunked prefill, passes of 1-4 tokens with random accepted prefixes,
-    rewinds that every ring still allows, and a reset (nothing stale may become visible)."""
+    rewinds that every ring still allows, and a reset (nothing stale may become visible). `tol`: on the logits
+    (and, relative, on the hidden states: 10x it)."""
     engine = load_bundle(folder, threads=threads)
     ours = Session(engine.session.backend, prefill_chunk=7)
     ref = Session(TorchBackend(target.model, engine.session.state.layout), prefill_chunk=7)
@@ -37,7 +38,7 @@ def assert_target_matches_eager(folder, target, threads=1):
         tokens = prompt_ids(1 + step % 4, seed=step)
         a, b = ours.forward(tokens), ref.forward(tokens)
         worst = max(worst, np.abs(a.logits - b.logits).max())
-        assert np.abs(a.hidden - b.hidden).max() <= 1e-3 * max(1.0, np.abs(b.hidden).max())
+        assert np.abs(a.hidden - b.hidden).max() <= 10 * tol * max(1.0, np.abs(b.hidden).max())
         n = int(rng.integers(1, len(tokens) + 1))
         ours.commit(n)
         ref.commit(n)
@@ -45,14 +46,14 @@ def assert_target_matches_eager(folder, target, threads=1):
             back = ours.length - 2  # gemma: a 14-slot ring for window 6 allows 9
             ours.rewind(back)
             ref.rewind(back)
-    assert worst <= LOGITS_TOL
+    assert worst <= tol
     ours.reset()
     ref.reset()  # after a reset (buckets shrink, stale rows stay in the buffers) nothing stale is visible
     a, b = ours.prefill(ids[:5]), ref.prefill(ids[:5])
-    assert np.abs(a.logits - b.logits).max() <= LOGITS_TOL
+    assert np.abs(a.logits - b.logits).max() <= tol
 
 
-def assert_drafter_matches_eager(folder, target, drafter, threads=1):
+def assert_drafter_matches_eager(folder, target, drafter, threads=1, tol=LOGITS_TOL):
     """Three draft steps after a prefill through the bundle's target: same candidates, logits and next hidden as
     the eager drafter reading the eager target's caches."""
     engine = load_bundle(folder, threads=threads)
@@ -68,6 +69,6 @@ def assert_drafter_matches_eager(folder, target, drafter, threads=1):
     for _ in range(3):
         a, b = engine.drafter.step(token, hidden), eager.step(token, hidden)
         assert np.array_equal(a.token_ids, b.token_ids)
-        assert np.abs(a.logits - b.logits).max() <= LOGITS_TOL
-        assert np.abs(a.hidden - b.hidden).max() <= LOGITS_TOL * max(1.0, np.abs(b.hidden).max())
+        assert np.abs(a.logits - b.logits).max() <= tol
+        assert np.abs(a.hidden - b.hidden).max() <= tol * max(1.0, np.abs(b.hidden).max())
         token, hidden = int(a.token_ids[np.argmax(a.logits)]), a.hidden

@@ -157,6 +157,181 @@ def test_rejections_and_rewinds_never_change_the_output(gemma, wrong):
     assert out.tokens == expected
 
 
+# ---- the state binding (MLState) ---------------------------------------------------------------------
+STATE_TOL = 2e-2  # fp16 states (Core ML's only state type) vs eager fp32, of the logits' scale (measured: see below)
+# vs eager with fp16-rounded keys / values, max abs: the two round some of the same fp32 values (1 ulp apart) to
+# neighbouring fp16 ones; measured 6.9e-4 on the tiny Gemma-4 (whose logits move 5e-3 from fp16 keys at all)
+STATE_REF_TOL = 2e-3
+
+
+def _state_bundle(pair, name, max_context):
+    """The io fixture's pair exported again with --kv state (same lengths, context); prints time and size."""
+    import time
+
+    _, target, drafter = pair
+    start = time.perf_counter()
+    folder = export_bundle(target, pair[0].parent / name, drafter=drafter, precision="fp32", max_context=max_context,
+                           max_draft_len=4, max_pass=9, kv_binding="state")
+    print(f"\n{name}: fp32 --kv state export {time.perf_counter() - start:.0f} s, package {_package_mb(folder):.1f} MB")
+    return folder, target, drafter
+
+
+@pytest.fixture(scope="module")
+def llama_state(llama):
+    return _state_bundle(llama, "llama-state", 160)
+
+
+@pytest.fixture(scope="module")
+def gemma_state(gemma):
+    return _state_bundle(gemma, "gemma-state", 96)
+
+
+@pytest.fixture(params=["llama_state", "gemma_state"])
+def state_pair(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_state_package_declares_one_set_of_states(gemma_state):
+    """Every function (target lengths and drafter) declares the same fp16 states, one per cached layer's K and V,
+    [1, H_kv, S_f, D] with S_f a multiple of 32 holding the layout's slots and a spare one; no cache is an input or
+    output; the manifest says what a runner outside Python feeds."""
+    from edge_spec import fixed
+
+    m = read_manifest(gemma_state[0])
+    assert (m.binding, m.layout.binding) == ("state", "state")
+    entry = m.graphs["target"]
+    slots = entry.fixed["slots"]
+    assert slots == fixed.state_slots(m.layout) == {"sliding": 32, "full": 128}  # rings 6 + 9 = 15, context 96
+    names = entry.fixed["states"]
+    assert names == [f"{kv_}_cache_{c.layer}" for c in m.layout.caches for kv_ in "kv"]
+    assert m.graphs["drafter"].fixed["states"] == names
+    assert entry.fixed["inputs"] == ["input_ids", "position_ids", "mask_full", "mask_sliding", "write_slots_full",
+                                     "write_slots_sliding"]
+    functions = coreml_mil.load_functions(gemma_state[0] / PACKAGE)
+    by_layer = {c.layer: c for c in m.layout.caches}
+    for name, fn in functions.items():
+        assert sorted(fn.states) == sorted(names), name
+        for state, (shape, dtype) in fn.states.items():
+            c = by_layer[int(state.rsplit("_", 1)[1])]
+            assert shape == (1, c.num_kv_heads, slots[c.kind], c.head_dim) and dtype == np.float16
+        assert not [i for i in fn.inputs if "cache" in i] and not [o for o in fn.outputs if "_new_" in o]
+    assert functions["target_5"].inputs["write_slots_sliding"] == ((5,), np.int32)
+    assert functions["target_5"].inputs["mask_sliding"][0] == (1, 1, 5, 32)
+
+
+def _round_kv(monkeypatch):
+    """Eager attention with every new key and value rounded to fp16 before it is used or cached, as the states hold
+    them: the reference a `--kv state` package matches to the fp32 tolerance."""
+    from edge_spec.model import Attention
+
+    attend = Attention._attend
+
+    def rounded(self, q, k, v, *rest):
+        return attend(self, q, *(None if x is None else x.half().to(x.dtype) for x in (k, v)), *rest)
+
+    monkeypatch.setattr(Attention, "_attend", rounded)
+
+
+@pytest.fixture
+def fp16_kv(monkeypatch):
+    _round_kv(monkeypatch)
+
+
+def test_state_target_and_drafter_match_eager_with_fp16_caches(state_pair, fp16_kv):
+    """Through commits, rejected rows left in the states, rewinds and a reset: the target within STATE_REF_TOL of eager
+    with fp16-rounded keys and values, and the drafter function reading the target's state (one state object shared by
+    the functions) gives that eager drafter's candidates."""
+    assert_target_matches_eager(state_pair[0], state_pair[1], tol=STATE_REF_TOL)
+    assert_drafter_matches_eager(*state_pair, tol=STATE_REF_TOL)
+
+
+def test_state_gap_to_fp32_eager_is_the_fp16_rounding_of_the_caches(state_pair, monkeypatch):
+    """Against plain fp32 eager the package is STATE_TOL of the logits' scale off, and all of it is the fp16 states:
+    against eager with fp16-rounded keys and values the gap is > 4x smaller (llama: 400x; the tiny Gemma-4 7.6x,
+    see STATE_REF_TOL)."""
+    _, target, _ = state_pair
+    engine = load_bundle(state_pair[0], host_check=False)
+    layout = engine.session.state.layout
+    ids = prompt_ids(40, seed=11)
+    ours = chunked_logits(engine.session, ids, 1)
+    plain = chunked_logits(Session(TorchBackend(target.model, layout)), ids, 1)
+    _round_kv(monkeypatch)
+    rounded = chunked_logits(Session(TorchBackend(target.model, layout)), ids, 1)
+    scale = np.abs(plain).max()
+    gap, rest = np.abs(ours - plain).max(), np.abs(ours - rounded).max()
+    print(f"\nstate vs eager fp32 {gap:.1e}, vs eager with fp16 keys / values {rest:.1e} (logit scale {scale:.2f})")
+    assert rest * 4 < gap <= STATE_TOL * scale
+
+
+def test_state_verify_rows_are_bit_identical_to_decode_steps(state_pair):
+    session = host_checked_session(state_pair[0])
+    windows = ((58, 6), (61, 5), (40, 2), (64, 4), (26, 9))
+    assert differing_windows(session, prompt_ids(90, seed=5), windows) == []
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_state_speculative_greedy_equals_plain_greedy(state_pair, k):
+    engine = load_bundle(state_pair[0])
+    ids = prompt_ids(9, seed=1)
+    plain = engine.generate(ids, max_new_tokens=30, speculative=False)
+    spec = engine.generate(ids, max_new_tokens=30, spec_k=k, lookup=False)
+    assert spec.tokens == plain.tokens and "spec" in spec.extra
+
+
+@pytest.mark.parametrize("wrong", ["always", "random"])
+def test_state_rejected_drafts_written_into_rings_never_change_the_output(gemma_state, wrong):
+    """Under `state` every verify pass writes its rejected drafts (and pad rows, into the spare slot) into the
+    states: over 60 tokens that wrap the 15-slot rings, greedy speculative output still equals plain output."""
+    session = load_bundle(gemma_state[0]).session
+    prompt = prompt_ids(11, seed=1)
+    expected = generate_plain(session, prompt, max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0),
+                              stop_ids=frozenset()).tokens
+    rng = np.random.default_rng(7)
+    rule = {"always": lambda p: True, "random": lambda p: rng.random() < 0.4}[wrong]
+    out = generate_speculative(session, OracleDrafter(expected, len(prompt), rule), prompt, max_new_tokens=60,
+                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
+    assert out.tokens == expected
+
+
+def test_state_pad_rows_write_only_the_spare_slot(llama_state, monkeypatch):
+    """Passes of 4 tokens run the T = 5 function with one pad row each: they give the bits of one-token passes (the
+    pad row went to the spare slot, which no mask shows). Negative control: pad rows sent to slot 0 (a committed
+    key) instead change the logits, so a wrong write destination cannot go unseen."""
+    from edge_spec import fixed
+
+    engine = load_bundle(llama_state[0], host_check=False)
+    ids = prompt_ids(20, seed=2)
+    one = chunked_logits(engine.session, ids, 1)
+    engine.session.reset()
+    assert np.array_equal(chunked_logits(engine.session, ids, 4), one)
+    engine.session.reset()
+    real = fixed.write_slots
+
+    def into_slot_0(positions, n, s, s_f, ring):
+        out = real(positions, n, s, s_f, ring)
+        out[len(positions):] = 0
+        return out
+
+    monkeypatch.setattr(fixed, "write_slots", into_slot_0)
+    bad = chunked_logits(engine.session, ids, 4)
+    assert not np.array_equal(bad, one)
+
+
+def test_cli_exports_a_state_package_and_refuses_kv_elsewhere(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "cm-state"
+    assert main(["export", "--model", str(tiny_llama[0]), "--drafter", "none", "--format", "onnx", "--kv", "state",
+                 "--out", str(out)]) == 2
+    assert "no KV binding 'state'" in capsys.readouterr().err and not out.exists()
+    assert main(["export", "--model", str(tiny_llama[0]), "--drafter", "none", "--format", "executorch", "--kv", "io",
+                 "--out", str(out)]) == 2
+    assert "no KV binding 'io'" in capsys.readouterr().err
+    assert main(["export", "--model", str(tiny_llama[0]), "--drafter", "none", "--format", "coreml", "--kv", "state",
+                 "--max-context", "64", "--max-draft-len", "2", "--max-pass", "3", "--out", str(out)]) == 0
+    assert read_manifest(out).binding == "state"
+    assert main(["generate", "--bundle", str(out), "--prompt", "w5 w6 w7", "--max-new-tokens", "6", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
 # ---- compressed / fp16 packages ---------------------------------------------------------------------------
 @pytest.mark.parametrize("precision,bound,agree", [("fp16", 5e-3, 0.95), ("int8", 0.05, 0.9), ("int4", 0.3, 0.75)])
 def test_fp16_and_compressed_logits_within_bound(llama, tmp_path, precision, bound, agree):

@@ -240,3 +240,39 @@ def test_smollm2_pte_matches_eager_and_speculates_exactly(smollm2, smollm2_pte):
     assert ref[len(ids) - 1:].argmax(-1).tolist() == plain.tokens
     spec = engine.generate(ids, max_new_tokens=16, spec_k=2)
     assert spec.tokens == plain.tokens and spec.extra["spec"].tau > 1.0
+
+
+@pytest.mark.parametrize("fmt", ["executorch", "onnx"])
+def test_e2b_sized_drafter_exports_and_matches_eager(tmp_path, fmt):
+    """The mission's drafter at its real size through the two CPU formats (the Core ML and QNN tests do the same for
+    theirs): a random Gemma-4 E2B-assistant-shaped drafter (hidden 256, 4 layers [3 sliding, 1 full], vocab 262,144
+    in 2,048 clusters, top 32) beside a 2-layer target of the same vocabulary (tests/tiny.e2b_pair): three draft steps
+    through the bundle == eager (the clustered head's 4,096 candidates equal), export time, size and step time
+    printed."""
+    import importlib
+    import resource
+    import time
+
+    from tests.tiny import e2b_pair
+
+    target, drafter = e2b_pair(tmp_path / "target")
+    start = time.perf_counter()
+    export = importlib.import_module(f"edge_spec.exporters.{fmt}").export_bundle
+    options = {"exporter": "torchscript"} if fmt == "onnx" else {}
+    out = export(target, tmp_path / "bundle", drafter=drafter, precision="fp32", max_context=64, max_draft_len=2,
+                 max_pass=3, **options)
+    export_s = time.perf_counter() - start
+    assert read_manifest(out).drafter.candidates_per_step == 32 * 262144 // 2048
+    assert_drafter_matches_eager(out, target, drafter)
+    engine = load_bundle(out, host_check=False)
+    engine.session.prefill(prompt_ids(5))
+    engine.drafter.begin(engine.session.length, engine.session.state.drafter_masks(), engine.session.length)
+    hidden = np.zeros(target.config.hidden_size, np.float32)
+    engine.drafter.step(5, hidden)
+    start = time.perf_counter()
+    for _ in range(3):
+        engine.drafter.step(5, hidden)
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 1e6
+    print(f"\nE2B-sized drafter + shallow target -> {fmt} fp32: export {export_s:.0f} s, bundle {size:.0f} MB, drafter "
+          f"step {(time.perf_counter() - start) / 3 * 1000:.1f} ms, peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
