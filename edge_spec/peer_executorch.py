@@ -138,17 +138,20 @@ def et_runner_model(source: Path, precision: str, cache: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _native_stderr_to(path: Path):
-    """File descriptor 2 (where native code logs) appended to `path` for the duration."""
+def _native_output_to(path: Path):
+    """File descriptors 1 and 2 (where the native runner prints its stats and logs) appended to `path` meanwhile."""
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = [os.dup(1), os.dup(2)]
     with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
             yield
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, old in zip((1, 2), saved):
+                os.dup2(old, fd)
+                os.close(old)
 
 
 class ExecutorchRunnerPeer:
@@ -162,7 +165,7 @@ class ExecutorchRunnerPeer:
         self.threads = set_threads(threads)
         self.pte, self.precision, self.decode = Path(pte), precision, decode
         self.log = self.pte.parent / "runner.log"
-        with _native_stderr_to(self.log):
+        with _native_output_to(self.log):
             self.runner = runner(str(pte), str(tokenizer_json))
         self.tokens, self.decode_s, self.first, self.prompt_tokens = 0, 0.0, [], []
         self.outputs: list[str] = []
@@ -172,7 +175,7 @@ class ExecutorchRunnerPeer:
         config = self.GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0,
                                        seq_len=MAX_SEQ_LEN, num_bos=0, num_eos=0)
         self.runner.reset()
-        with _native_stderr_to(self.log):  # the C++ runner logs every call to stderr
+        with _native_output_to(self.log):  # the C++ runner prints stats and logs per call
             self.runner.generate(self.decode(ids), config, token_callback=pieces.append, stats_callback=stats.append)
         if not stats:
             raise ConfigError("ExecuTorch's runner returned no stats", "rerun without --peer executorch")
