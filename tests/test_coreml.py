@@ -317,6 +317,18 @@ def test_state_pad_rows_write_only_the_spare_slot(llama_state, monkeypatch):
     assert not np.array_equal(bad, one)
 
 
+def test_a_manifest_whose_binding_disagrees_with_its_layout_is_refused(llama, tmp_path):
+    import shutil
+
+    dst = tmp_path / "bundle"
+    shutil.copytree(llama[0], dst)
+    raw = json.loads((dst / MANIFEST).read_text())
+    raw["kv"]["binding"] = "state"  # the layout (and the package) are io
+    (dst / MANIFEST).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match=r"KV binding 'state' \(layout 'io'\)"):
+        load_bundle(dst)
+
+
 def test_cli_exports_a_state_package_and_refuses_kv_elsewhere(tiny_llama, tmp_path, capsys):
     out = tmp_path / "cm-state"
     assert main(["export", "--model", str(tiny_llama[0]), "--drafter", "none", "--format", "onnx", "--kv", "state",
