@@ -533,11 +533,10 @@ def main(args) -> int:
         from .peer_executorch import ET_PRECISIONS, ExecutorchRunnerPeer, et_runner_model
 
         source = _target_folder(engine)
-        default = engine.manifest.precision if engine.manifest and engine.manifest.precision in ET_PRECISIONS else "fp32"
         decode = functools.partial(engine.tokenizer.decode, skip_special=False)
         runners += [ExecutorchRunnerPeer(et_runner_model(source, p, cache_root() / "peers"), source / "tokenizer.json",
                                          decode, threads=args.threads, precision=p)
-                    for p in args.et_precision or [default]]
+                    for p in args.et_precision or ET_PRECISIONS[:1]]
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners, lookup=args.lookup)
     peers = [r.result() for r in runners]

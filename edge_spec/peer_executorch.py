@@ -53,7 +53,8 @@ def et_params(config: dict) -> dict:
     if config.get("model_type") != "llama":
         raise ConfigError(f"--peer executorch exports Llama-family checkpoints only (this one is "
                           f"{config.get('model_type')!r})", "drop --peer executorch for this model")
-    return {"dim": config["hidden_size"], "n_layers": config["num_hidden_layers"], "n_heads": config["num_attention_heads"],
+    return {"dim": config["hidden_size"], "n_layers": config["num_hidden_layers"],
+            "n_heads": config["num_attention_heads"],
             "n_kv_heads": config.get("num_key_value_heads", config["num_attention_heads"]),
             "head_dim": config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
             "hidden_dim": config["intermediate_size"], "vocab_size": config["vocab_size"],

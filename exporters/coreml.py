@@ -227,7 +227,8 @@ def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str,
         for t in lengths:
             job.step(f"converting the target at T = {t} ({job.precision}, {layout.binding} binding)")
             if state:
-                module, args = static.StateTargetFunction(model, layout, slots), static.state_target_args(layout, slots, t)
+                module = static.StateTargetFunction(model, layout, slots)
+                args = static.state_target_args(layout, slots, t)
             else:
                 module, args = static.TargetFunction(model, layout.kinds()), static.target_args(layout, slots, t)
             ml = convert(module.eval(), args, names_in, names_out, job.precision, target_function(t))

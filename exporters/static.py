@@ -205,7 +205,8 @@ def drafter_args(target: Transformer, layout: kv.KVLayout, sources: dict[str, in
 def fixed_models(job, attention: str = "slots"):
     """The target (and drafter) set up as fixed-shape graphs run them, the tanh GELU written out
     (`model.spelled_gelu`). attention "slots": slot attention (batch-invariant in float: Core ML), rings addressed
-    by position % slots; "state": the models as they are (`StateTargetFunction` addresses slots itself); "placed": `PlacedTargetFunction`'s form (`model.place_rows` + `model.attend_concat`: no
+    by position % slots; "state": the models as they are (`StateTargetFunction` addresses slots itself);
+    "placed": `PlacedTargetFunction`'s form (`model.place_rows` + `model.attend_concat`: no
     scatter, what the HTP compiles).
     Yields the target model."""
     model, layout = job.target.model.eval(), job.layout
