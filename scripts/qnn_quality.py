@@ -1,0 +1,124 @@
+"""Where does the QNN bundle's 16a8w quantization lose SmolLM2? A truncated SmolLM2 (its first --layers layers, the
+real widths and weights) exported to a QNN bundle per variant, its QDQ graphs run on the CPU provider and compared
+with eager fp32 over the shipped bench prompts: max / mean logit error relative to the logits' scale and top-1
+agreement.
+
+    .venv/bin/python scripts/qnn_quality.py --layers 4 --variants default per_channel
+
+Variants (keyword overrides of onnxruntime's `get_qnn_qdq_config`, applied by wrapping it; the bundle code is not
+changed): default (what `edge-spec export --format qnn` does), per_channel (per-channel 8-bit weights),
+w16 (16-bit weights: an upper bound on what weight precision can give).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = {"default": {}, "per_channel": {"per_channel": True}, "w16": {"weight_type": "uint16"}}
+
+
+def truncated_smollm2(layers: int, out: Path) -> Path:
+    """The built-in SmolLM2's HF folder with only its first `layers` layers (config and safetensors)."""
+    from safetensors.torch import load_file, save_file
+
+    from edge_spec.gguf_import import cache_root
+
+    src = cache_root() / "smollm2-135m-instruct"
+    if not (src / "config.json").is_file():
+        from edge_spec.api import load
+
+        load("smollm2-135m", drafter=None)  # converts the built-in GGUF into that folder
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (out / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(src / "model.safetensors"))
+    keep = {k: v for k, v in weights.items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    save_file(keep, str(out / "model.safetensors"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, out / name)
+    return out
+
+
+def export_variant(folder: Path, out: Path, overrides: dict) -> float:
+    import onnxruntime.quantization.execution_providers.qnn as qnn_tools
+
+    from edge_spec import checkpoints
+    from edge_spec.exporters import qnn
+
+    original = qnn_tools.get_qnn_qdq_config
+
+    def wrapped(*args, **kwargs):
+        extra = dict(overrides)
+        if "weight_type" in extra:
+            from onnxruntime.quantization import QuantType
+
+            extra["weight_type"] = QuantType.QUInt16
+        return original(*args, **{**kwargs, **extra})
+
+    qnn_tools.get_qnn_qdq_config = wrapped
+    try:
+        start = time.perf_counter()
+        qnn.export_bundle(checkpoints.load(str(folder)), out, max_context=128, max_draft_len=2, max_pass=3)
+        return time.perf_counter() - start
+    finally:
+        qnn_tools.get_qnn_qdq_config = original
+
+
+def compare(folder: Path, bundle: Path, n_prompts: int) -> dict:
+    from edge_spec import checkpoints
+    from edge_spec.api import load_bundle
+    from edge_spec.backend import Session
+    from edge_spec.bench import DEFAULT_PROMPTS
+    from edge_spec.runtimes.torch import TorchBackend
+    from edge_spec.train.evaluate import read_prompts
+
+    target = checkpoints.load(str(folder))
+    engine = load_bundle(bundle, provider="cpu", host_check=False)
+    worst, means, agree, n = 0.0, [], 0, 0
+
+    def chunked(session, ids):  # logits of every position, in committed passes of 3 (the longest graph)
+        out = []
+        for i in range(0, len(ids), 3):
+            out.append(session.forward(ids[i:i + 3]).logits)
+            session.commit(len(ids[i:i + 3]))
+        return np.concatenate(out)
+
+    for p in read_prompts(DEFAULT_PROMPTS)[:n_prompts]:
+        ids = engine.encode(p["prompt"], chat=p["chat"])[:48]
+        engine.session.reset()
+        a = chunked(engine.session, ids)
+        b = chunked(Session(TorchBackend(target.model, engine.session.state.layout)), ids)
+        scale = np.abs(b).max()
+        worst = max(worst, float(np.abs(a - b).max() / scale))
+        means.append(float(np.abs(a - b).mean() / scale))
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        n += len(a)
+    return {"max_rel": worst, "mean_rel": float(np.mean(means)), "top1": agree / n, "positions": n}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--variants", nargs="+", default=["default"], choices=list(VARIANTS))
+    parser.add_argument("--prompts", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="qnn-quality-"))
+    folder = truncated_smollm2(args.layers, work / "smollm2")
+    for name in args.variants:
+        seconds = export_variant(folder, work / name, VARIANTS[name])
+        print(json.dumps({"layers": args.layers, "variant": name, "export_s": round(seconds),
+                          **compare(folder, work / name, args.prompts)}), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
