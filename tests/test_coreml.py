@@ -65,6 +65,12 @@ def pair(request):
     return request.getfixturevalue(request.param)
 
 
+@pytest.fixture(params=["llama", "gemma", "llama_state", "gemma_state"])
+def any_binding(request):
+    """The tiny pairs as `io` packages and as `--kv state` packages (the state fixtures are below)."""
+    return request.getfixturevalue(request.param)
+
+
 # ---- the package ------------------------------------------------------------------------------------
 def test_one_multifunction_package_with_fixed_lengths(llama, gemma):
     m = read_manifest(llama[0])
@@ -116,10 +122,11 @@ def test_drafter_steps_match_eager(pair):
 
 
 # ---- exactness ----------------------------------------------------------------------------------------
-def test_verify_rows_are_bit_identical_to_decode_steps(pair):
+def test_verify_rows_are_bit_identical_to_decode_steps(any_binding):
     """Through the executor (every sum in k order) a padded verify pass gives the bits of one-token steps, across
-    (gemma) ring wraps: the package's attention keeps every key in its slot, and pad rows change nothing."""
-    session = host_checked_session(pair[0])
+    (gemma) ring wraps: the package's attention keeps every key in its slot, and pad rows change nothing (`state`:
+    they write only the spare slot)."""
+    session = host_checked_session(any_binding[0])
     windows = ((58, 6), (61, 5), (40, 2), (64, 4), (26, 9))
     assert differing_windows(session, prompt_ids(90, seed=5), windows) == []
 
@@ -134,19 +141,21 @@ def test_the_exactness_test_fails_when_sums_depend_on_shapes(llama, monkeypatch)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])
-def test_speculative_greedy_equals_plain_greedy(pair, k):
-    engine = load_bundle(pair[0])
+def test_speculative_greedy_equals_plain_greedy(any_binding, k):
+    engine = load_bundle(any_binding[0])
     ids = prompt_ids(9, seed=1)
     plain = engine.generate(ids, max_new_tokens=30, speculative=False)
     spec = engine.generate(ids, max_new_tokens=30, spec_k=k, lookup=False)
     assert spec.tokens == plain.tokens and "spec" in spec.extra
 
 
+@pytest.mark.parametrize("binding", ["io", "state"])
 @pytest.mark.parametrize("wrong", ["always", "every third", "random"])
-def test_rejections_and_rewinds_never_change_the_output(gemma, wrong):
+def test_rejections_and_rewinds_never_change_the_output(request, binding, wrong):
     """Whatever the drafter proposes, greedy speculative output through the package equals plain greedy output,
-    over 60 tokens that wrap 14-slot rings many times."""
-    session = load_bundle(gemma[0]).session
+    over 60 tokens that wrap the rings (14 slots; `state`: 15, with every verify pass writing its rejected drafts
+    into them) many times."""
+    session = load_bundle(request.getfixturevalue("gemma" if binding == "io" else "gemma_state")[0]).session
     prompt = prompt_ids(11, seed=1)
     expected = generate_plain(session, prompt, max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0),
                               stop_ids=frozenset()).tokens
@@ -261,36 +270,6 @@ def test_state_gap_to_fp32_eager_is_the_fp16_rounding_of_the_caches(state_pair, 
     gap, rest = np.abs(ours - plain).max(), np.abs(ours - rounded).max()
     print(f"\nstate vs eager fp32 {gap:.1e}, vs eager with fp16 keys / values {rest:.1e} (logit scale {scale:.2f})")
     assert rest * 4 < gap <= STATE_TOL * scale
-
-
-def test_state_verify_rows_are_bit_identical_to_decode_steps(state_pair):
-    session = host_checked_session(state_pair[0])
-    windows = ((58, 6), (61, 5), (40, 2), (64, 4), (26, 9))
-    assert differing_windows(session, prompt_ids(90, seed=5), windows) == []
-
-
-@pytest.mark.parametrize("k", [1, 2, 4])
-def test_state_speculative_greedy_equals_plain_greedy(state_pair, k):
-    engine = load_bundle(state_pair[0])
-    ids = prompt_ids(9, seed=1)
-    plain = engine.generate(ids, max_new_tokens=30, speculative=False)
-    spec = engine.generate(ids, max_new_tokens=30, spec_k=k, lookup=False)
-    assert spec.tokens == plain.tokens and "spec" in spec.extra
-
-
-@pytest.mark.parametrize("wrong", ["always", "random"])
-def test_state_rejected_drafts_written_into_rings_never_change_the_output(gemma_state, wrong):
-    """Under `state` every verify pass writes its rejected drafts (and pad rows, into the spare slot) into the
-    states: over 60 tokens that wrap the 15-slot rings, greedy speculative output still equals plain output."""
-    session = load_bundle(gemma_state[0]).session
-    prompt = prompt_ids(11, seed=1)
-    expected = generate_plain(session, prompt, max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0),
-                              stop_ids=frozenset()).tokens
-    rng = np.random.default_rng(7)
-    rule = {"always": lambda p: True, "random": lambda p: rng.random() < 0.4}[wrong]
-    out = generate_speculative(session, OracleDrafter(expected, len(prompt), rule), prompt, max_new_tokens=60,
-                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
-    assert out.tokens == expected
 
 
 def test_state_pad_rows_write_only_the_spare_slot(llama_state, monkeypatch):
