@@ -35,10 +35,10 @@ demo: venv
 	$(BIN)/edge-spec bench --bundle $(BUNDLE) --threads 2 --num-prompts 3 --spec-k 1 2 4 --adaptive --max-new-tokens 64 \
 	    --peer onnxruntime-genai --require-exact
 
-# about 60 minutes on 2 cores (AMD EPYC, 2026-12-01): ~305 tests, most of the time in ONNX, ExecuTorch, Core ML and QNN exports
+# about 70 minutes on 2 cores (AMD EPYC, 2026-12-01): ~330 tests, most of the time in ONNX, ExecuTorch, Core ML and QNN exports
 # of tiny models and one real SmolLM2 export per format (the SmolLM2 .pte ~8 minutes, the Core ML package ~9)
 test: venv
-	@echo "running the test suite (about 60 minutes on 2 cores)"
+	@echo "running the test suite (about 70 minutes on 2 cores)"
 	$(BIN)/python -m pytest -q
 
 clean:
