@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .bench import _PeerTimes
 from .errors import ConfigError
 from .logs import IMPORT_NOISE, quiet
 
@@ -155,20 +156,21 @@ def _native_output_to(path: Path):
                 os.close(old)
 
 
-class ExecutorchRunnerPeer:
+class ExecutorchRunnerPeer(_PeerTimes):
     """Plain greedy decode through ExecuTorch's TextLLMRunner, same prompts and token budget as the other peers
-    (edge_spec.bench: interleaved with our plain runs). Timing from the runner's own stats (milliseconds)."""
+    (edge_spec.bench: interleaved with our plain runs). Timing from the runner's own stats (milliseconds), kept by
+    the peers' shared bookkeeping."""
 
     def __init__(self, pte: Path, tokenizer_json: Path, decode, *, threads: int | None, precision: str):
         self.GenerationConfig, runner = _require_runner()
         from edge_spec.runtimes.executorch import set_threads
 
-        self.threads = set_threads(threads)
+        super().__init__(set_threads(threads))
         self.pte, self.precision, self.decode = Path(pte), precision, decode
         self.log = self.pte.parent / "runner.log"
         with _native_output_to(self.log):
             self.runner = runner(str(pte), str(tokenizer_json))
-        self.tokens, self.decode_s, self.first, self.prompt_tokens = 0, 0.0, [], []
+        self.prompt_tokens: list[int] = []
         self.outputs: list[str] = []
 
     def _generate(self, ids: list[int], max_new_tokens: int) -> tuple[str, object]:
@@ -189,14 +191,10 @@ class ExecutorchRunnerPeer:
         text, s = self._generate(ids, max_new_tokens)
         self.outputs.append(text)
         self.prompt_tokens.append(int(s.num_prompt_tokens))
-        self.first.append((s.first_token_ms - s.inference_start_ms) / 1000)
-        self.tokens += max(0, int(s.num_generated_tokens) - 1)
-        self.decode_s += (s.inference_end_ms - s.first_token_ms) / 1000
+        self.record(max(1, int(s.num_generated_tokens)), s.inference_start_ms / 1000, s.first_token_ms / 1000,
+                    s.inference_end_ms / 1000)
 
     def result(self) -> dict:
-        return {"peer": "executorch", "model": self.pte.parent.name, "precision": self.precision,
-                "tok_s": self.tokens / self.decode_s if self.decode_s else 0.0,
-                "first_token_ms": 1000 * float(np.mean(self.first)) if self.first else None,
-                "threads": self.threads, "tokens": self.tokens, "interleaved": True,
+        return {"peer": "executorch", "model": self.pte.parent.name, "precision": self.precision, **self.timing(),
                 "prompt_tokens": int(np.sum(self.prompt_tokens)), "runner": "TextLLMRunner (executorch 1.5.1)"}
 
