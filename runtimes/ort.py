@@ -1,14 +1,8 @@
 """ONNX Runtime backend (target) and drafter over a bundle's `io` graphs (edge_spec/kv.py, manifest.py).
 
-Cache buffers: one flat float32 buffer per cached layer and K / V, allocated once with the layer's full
-slot count. The graphs take a symbolic cache length per attention kind, so the backend binds only a
-*bucket*: the smallest multiple of BUCKET slots that holds every visible key (full attention: and the slots
-the new rows are written to, see edge_spec.model.attend_slots), viewed as the contiguous
-prefix [1, H_kv, b, D] of the flat buffer (the contract's head-major layout, nothing copied per step).
-When a kind's bucket grows (every BUCKET tokens) the heads are moved apart in place, O(rows in use);
-after a reset / rewind it shrinks the same way. Committed rows are written into the bound views in
-place. Every input and output is bound once through IOBinding to these preallocated buffers and only
-rebound when T or a bucket changes, so a steady-state decode step binds nothing.
+Caches: edge_spec.io_caches (bucketed views of one flat buffer per cached layer, committed rows written in
+place). Every input and output is bound once through IOBinding to preallocated buffers and only rebound when T
+or a bucket changes, so a steady-state decode step binds nothing.
 
 The drafter binds the *same* cache buffers (its source layers' current bucket views) and the shared,
 memory-mapped `embed_table` of the bundle: it owns no cache and no copy of the table.
@@ -19,16 +13,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable
-
 import numpy as np
 
 from edge_spec import kv
 from edge_spec.backend import DraftStep, StepOutput
 from edge_spec.errors import BundleError, ConfigError
+from edge_spec.io_caches import BUCKET, IoCaches, NewRows
 from edge_spec.kv import CacheSpec, KVLayout
 
-BUCKET = 64  # cache slots bound per step are a multiple of this (or the layer's full slot count)
 PROVIDERS = {"cpu": "CPUExecutionProvider", "xnnpack": "XnnpackExecutionProvider",
              "coreml": "CoreMLExecutionProvider"}
 _PROVIDER_FIX = {
@@ -138,59 +130,6 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     return backend, runner
 
 
-def _bucket(used: int, slots: int) -> int:
-    return kv.bucket_slots(used, slots, BUCKET)
-
-
-def _shape_groups(specs: list[CacheSpec]) -> dict[tuple, list[int]]:
-    """Cached layers with one cache shape (kind, KV heads, head dim, slots) -> their indices in `specs`."""
-    groups: dict[tuple, list[int]] = {}
-    for i, s in enumerate(specs):
-        groups.setdefault((s.kind, s.num_kv_heads, s.head_dim, s.slots), []).append(i)
-    return groups
-
-
-def _grouped_rows(groups: dict[tuple, list[int]], rows: Callable[[tuple], int]
-                  ) -> tuple[dict[tuple, np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
-    """One zeroed store [2n, H_kv * rows(group) * D] per shape group (`_shape_groups`); returns (stores, per cached
-    layer its (K, V) rows of its group's store: rows 2j and 2j + 1 for the group's j-th layer)."""
-    stores = {key: np.zeros((2 * len(idx), key[1] * rows(key) * key[2]), dtype=np.float32) for key, idx in groups.items()}
-    per_layer: list = [None] * sum(len(idx) for idx in groups.values())
-    for key, idx in groups.items():
-        for j, i in enumerate(idx):
-            per_layer[i] = (stores[key][2 * j], stores[key][2 * j + 1])
-    return stores, per_layer
-
-
-def _stacked(store: np.ndarray, heads: int, rows: int, dim: int) -> np.ndarray:
-    """[2n, >= heads*rows*dim] store -> its row prefixes as [2n, heads, rows, dim], a view (never a copy: setting
-    .shape raises instead of copying)."""
-    view = store[:, :heads * rows * dim].view()
-    view.shape = (store.shape[0], heads, rows, dim)
-    return view
-
-
-class _LayerCache:
-    """K or V of one cached layer: a flat buffer of the layer's full size (a row of its shape group's store),
-    viewed as its current bucket."""
-
-    def __init__(self, spec: CacheSpec, flat: np.ndarray):
-        self.heads, self.dim = spec.num_kv_heads, spec.head_dim
-        self.flat = flat
-
-    def view(self, b: int) -> np.ndarray:  # [1, H_kv, b, D], contiguous
-        return self.flat[:self.heads * b * self.dim].reshape(1, self.heads, b, self.dim)
-
-    def relayout(self, old: int, new: int, rows: int) -> None:
-        """Re-view the buffer from bucket `old` to `new`, keeping rows [0, rows) of every head (in place)."""
-        if old == new or self.heads == 1 or rows == 0:
-            return
-        src, dst = self.view(old)[0], self.view(new)[0]
-        order = range(self.heads - 1, 0, -1) if new > old else range(1, self.heads)  # never overwrite unread rows
-        for h in order:
-            dst[h, :rows] = src[h, :rows]  # numpy buffers overlapping copies
-
-
 class _Buffers:
     """Per-T input/output buffers, reallocated only when a forward needs a larger T."""
 
@@ -201,8 +140,7 @@ class _Buffers:
         self.masks = {kind: np.zeros(t_cap * (layout.slots(kind) + t_cap), dtype=np.float32) for kind in layout.kinds()}
         self.logits = np.zeros(t_cap * vocab, dtype=np.float32)
         self.hidden = np.zeros(t_cap * hidden, dtype=np.float32)
-        # new K/V rows, stacked like the caches: group -> [2n, H_kv * t_cap * D]; new[i] = layer i's (K, V) rows
-        self.new_store, self.new = _grouped_rows(_shape_groups(list(layout.caches)), lambda key: t_cap)
+        self.new = NewRows(layout, t_cap)  # the new K/V rows of a pass
 
 
 def _bind(binding, name: str, array: np.ndarray, output: bool = False) -> None:
@@ -223,19 +161,11 @@ class OrtBackend:
         self.layout = layout
         self.vocab, self.hidden_size = vocab_size, hidden_size
         self.specs: list[CacheSpec] = list(layout.caches)
-        # layers with one cache shape keep K and V as rows of one store [2n, H_kv * slots * D], so a commit
-        # copies the accepted rows of all of them in one assignment
-        self.groups = _shape_groups(self.specs)
-        self.stores, rows = _grouped_rows(self.groups, lambda key: key[3])  # key[3]: the group's slot count
-        self.k = [_LayerCache(spec, k) for spec, (k, _) in zip(self.specs, rows)]
-        self.v = [_LayerCache(spec, v) for spec, (_, v) in zip(self.specs, rows)]
-        self.bucket = {kind: _bucket(0, layout.slots(kind)) for kind in layout.kinds()}
-        self.used = {kind: 0 for kind in layout.kinds()}  # rows [0, used) of each bucket hold data
+        self.caches = IoCaches(layout, BUCKET)
         self.buffers = _Buffers(1, layout, vocab_size, hidden_size)
         self.binding = session.io_binding()
         self._bound = None  # (T, buckets) the binding was made for
         self._pending = 0  # T of the last forward (its new rows sit in buffers.new)
-        self.generation = 0  # bumped whenever a cache view moves (the drafter rebinds then)
         self.kernel_s = 0.0  # seconds spent inside onnxruntime (the rest of a step is Python)
 
     @property
@@ -248,34 +178,22 @@ class OrtBackend:
         """Cache slots are bound in multiples of this: the host check probes verify passes across its edges."""
         return BUCKET
 
-    # -- cache views -------------------------------------------------------------------------------
-    def cache_views(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        b = self.bucket[self.specs[i].kind]
-        return self.k[i].view(b), self.v[i].view(b)
+    @property
+    def bucket(self) -> dict[str, int]:  # kind -> slots bound
+        return self.caches.bucket
 
-    def _fit(self, kind: str, used: int, need: int) -> None:
-        """Make the bound prefix of `kind` the bucket for `need` visible slots, keeping rows [0, used)."""
-        new = _bucket(need, self.layout.slots(kind))
-        old = self.bucket[kind]
-        if new == old:
-            return
-        for i, spec in enumerate(self.specs):
-            if spec.kind == kind:
-                self.k[i].relayout(old, new, min(used, old, new))
-                self.v[i].relayout(old, new, min(used, old, new))
-        self.bucket[kind] = new
-        self.generation += 1
+    @property
+    def generation(self) -> int:  # bumped whenever a cache view moves (the drafter rebinds then)
+        return self.caches.generation
+
+    def cache_views(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.caches.views(i)
 
     # -- Backend protocol ----------------------------------------------------------------------------
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
                 n_cached: int, last_only: bool) -> StepOutput:
         t = input_ids.shape[1]
-        for kind in self.layout.kinds():
-            used = min(n_cached, self.layout.slots(kind))  # slots >= used are empty (see kv.KVState.rewind)
-            # the graph writes the new rows into their slots (position, or position % ring): until a ring wraps
-            # these are slots used..used+t-1 of the bound prefix (a split-form graph just gets a few more slots)
-            self._fit(kind, used, used + t)
-            self.used[kind] = used
+        self.caches.prepare(n_cached, t)  # a split-form graph just gets a few more slots than it needs
         if t > self.buffers.t_cap:
             self.buffers = _Buffers(max(t, 2 * self.buffers.t_cap), self.layout, self.vocab, self.hidden_size)
             self._bound = None
@@ -316,30 +234,14 @@ class OrtBackend:
             _bind(bind, kv.v_cache_name(spec.layer), v)
         _bind(bind, kv.LOGITS, buf.logits[:t * self.vocab].reshape(1, t, self.vocab), output=True)
         _bind(bind, kv.HIDDEN, buf.hidden[:t * self.hidden_size].reshape(1, t, self.hidden_size), output=True)
-        for spec, (k, v) in zip(self.specs, buf.new):
-            shape = (1, spec.num_kv_heads, t, spec.head_dim)
-            _bind(bind, kv.k_new_name(spec.layer), k[:int(np.prod(shape))].reshape(shape), output=True)
-            _bind(bind, kv.v_new_name(spec.layer), v[:int(np.prod(shape))].reshape(shape), output=True)
+        for i, spec in enumerate(self.specs):
+            k, v = buf.new.views(i, t)
+            _bind(bind, kv.k_new_name(spec.layer), k, output=True)
+            _bind(bind, kv.v_new_name(spec.layer), v, output=True)
 
     def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         assert self._pending, "commit without a forward"
-        t = self._pending
-        for kind, (rows, slots) in plan.items():
-            if len(slots):
-                self._fit(kind, self.used[kind], max(self.used[kind], int(slots.max()) + 1))
-                self.used[kind] = max(self.used[kind], int(slots.max()) + 1)
-        for key, idx in self.groups.items():
-            kind, heads, dim, _ = key
-            rows, slots = plan[kind]
-            if not len(rows):
-                continue
-            cache = _stacked(self.stores[key], heads, self.bucket[kind], dim)  # [2n, H_kv, b, D]
-            new = _stacked(self.buffers.new_store[key], heads, t, dim)  # [2n, H_kv, T, D]
-            r0, s0, n = int(rows[0]), int(slots[0]), len(rows)
-            if rows[-1] - r0 == n - 1 and slots[-1] - s0 == n - 1:  # runs of rows -> runs of slots: slices
-                cache[:, :, s0:s0 + n] = new[:, :, r0:r0 + n]
-            else:  # a sliding ring wrapping around
-                cache[:, :, slots] = new[:, :, rows]
+        self.caches.commit(plan, self.buffers.new, self._pending)
         self._pending = 0
 
     def reset(self) -> None:

@@ -20,32 +20,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from truncated import truncated_smollm2
 
 VARIANTS = {"default": {}, "per_channel": {"per_channel": True}, "w16": {"weight_type": "uint16"}}
-
-
-def truncated_smollm2(layers: int, out: Path) -> Path:
-    """The built-in SmolLM2's HF folder with only its first `layers` layers (config and safetensors)."""
-    from safetensors.torch import load_file, save_file
-
-    from edge_spec.gguf_import import cache_root
-
-    src = cache_root() / "smollm2-135m-instruct"
-    if not (src / "config.json").is_file():
-        from edge_spec.api import load
-
-        load("smollm2-135m", drafter=None)  # converts the built-in GGUF into that folder
-    out.mkdir(parents=True, exist_ok=True)
-    config = json.loads((src / "config.json").read_text())
-    config["num_hidden_layers"] = layers
-    (out / "config.json").write_text(json.dumps(config))
-    weights = load_file(str(src / "model.safetensors"))
-    keep = {k: v for k, v in weights.items()
-            if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
-    save_file(keep, str(out / "model.safetensors"))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(src / name, out / name)
-    return out
 
 
 def export_variant(folder: Path, out: Path, overrides: dict) -> float:

@@ -1,0 +1,72 @@
+"""edge_spec.io_caches: bucketed cache views keep every committed row through bucket moves and ring wraps (against a
+plain [1, H_kv, S, D] array per layer written with the same plan)."""
+
+import numpy as np
+
+from edge_spec import kv
+from edge_spec.io_caches import IoCaches, NewRows
+
+# two full layers of one shape (one store), one with other heads, a 12-slot ring
+LAYOUT = kv.KVLayout((kv.CacheSpec(0, kv.FULL, 2, 4, 40, None), kv.CacheSpec(1, kv.SLIDING, 3, 4, 12, 8),
+                      kv.CacheSpec(2, kv.FULL, 2, 4, 40, None), kv.CacheSpec(3, kv.FULL, 1, 8, 40, None)), 40, 9)
+
+
+def run(passes: list[tuple[int, int]], seed: int = 0) -> None:
+    """passes: (tokens in the pass, rows accepted); after each commit every bound view == the reference."""
+    rng = np.random.default_rng(seed)
+    caches, state = IoCaches(LAYOUT, bucket=8), kv.KVState(LAYOUT)
+    ref = [[np.zeros(c.shape, np.float32) for _ in "kv"] for c in LAYOUT.caches]
+    new = NewRows(LAYOUT, 9)
+    for t, accept in passes:
+        caches.prepare(state.length, t)
+        for i in range(len(LAYOUT.caches)):
+            for view in new.views(i, t):
+                view[...] = rng.standard_normal(view.shape)
+        plan = state.plan_commit(accept)
+        caches.commit(plan, new, t)
+        for i, c in enumerate(LAYOUT.caches):
+            rows, slots = plan[c.kind]
+            for r, view in zip(ref[i], new.views(i, t)):
+                r[:, :, slots] = view[:, :, rows]
+        state.advance(accept, plan)
+        for i, c in enumerate(LAYOUT.caches):
+            b = caches.bucket[c.kind]
+            filled = min(state.length, c.slots)
+            assert b >= filled and b % 8 == 0 or b == c.slots
+            for got, want in zip(caches.views(i), ref[i]):
+                assert got.shape == (1, c.num_kv_heads, b, c.head_dim) and got.flags.c_contiguous
+                np.testing.assert_array_equal(got[:, :, :filled], want[:, :, :filled])
+
+
+def test_rows_survive_bucket_growth_and_ring_wraps():
+    run([(9, 9), (5, 2), (1, 1), (9, 6), (3, 3), (9, 9), (2, 1)])  # 31 tokens: 4 buckets, the ring wraps twice
+
+
+def test_views_move_together_with_generation():
+    caches = IoCaches(LAYOUT, bucket=8)
+    before = caches.generation
+    caches.prepare(0, 3)
+    assert caches.generation == before  # still the first bucket
+    caches.prepare(6, 3)  # both kinds grow: full layers to 16 slots, the ring to all its 12
+    grown = caches.generation
+    assert grown > before and caches.bucket == {kv.FULL: 16, kv.SLIDING: 12}
+    caches.prepare(0, 1)  # after a reset: shrinks back
+    assert caches.generation > grown and caches.bucket == {kv.FULL: 8, kv.SLIDING: 8}
+
+
+def test_a_single_head_layer_and_a_negative_control():
+    """The check itself can fail: a commit that skips one layer is caught."""
+    import pytest
+
+    original = IoCaches.commit
+
+    def skipping(self, plan, new, t):
+        original(self, plan, new, t)
+        self.k[3].flat[:] = 0
+
+    IoCaches.commit = skipping
+    try:
+        with pytest.raises(AssertionError):
+            run([(4, 4)])
+    finally:
+        IoCaches.commit = original
