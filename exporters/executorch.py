@@ -22,8 +22,8 @@ Layout of the program (`Program`):
 method reads what the target method wrote (executorch's Python `Program` sizes one arena per memory id across the
 methods it loaded: load both once, never run two at once).
 
-Precisions: fp32, and 8da4w (torchao `Int8DynamicActivationIntxWeightConfig`: int8 per-token dynamic activations x
-int4 weights in groups of 32; the embedding table stays fp32). Exporters import the core only, never runtimes.
+Precisions: fp32, and 8da4w (int8 per-token dynamic activations x int4 weights in groups of 32 whose codes keep each
+block's min and max exact, `quantize_8da4w`; 8-bit output head; the embedding table stays fp32). Exporters import the core only, never runtimes.
 """
 
 from __future__ import annotations
@@ -211,18 +211,27 @@ def export_drafter_method(program: Program):
     return _export(program, program.drafter_step, (ids, hidden, pos, *masks), dynamic, "drafter")
 
 
-def quantize_8da4w(module: nn.Module, skip: tuple[str, ...] = ()) -> None:
+def quantize_8da4w(module: nn.Module, skip: tuple[str, ...] = (), head: str | None = None) -> None:
     """int8 per-token dynamic activations x int4 weights in groups of 32 on every Linear whose input width is a
-    multiple of 32 (torchao), in place; narrower ones (tiny test models' per-layer inputs) stay fp32, and so do the
-    modules named in `skip` (a drafter's lm_head, which its head reads as a table: gathered rows, not a Linear call;
-    its centroid scorer, called on one vector, which XNNPACK's dynamic-quant lowering does not take)."""
+    multiple of 32, in place: the codes keep each block's min and max exact (edge_spec.exact_int4: symmetric int4
+    for XNNPACK + an fp32 block-offset term; SmolLM2's Q4_1 weights come back bit-exact); the output head `head`
+    gets int8 weights per channel (torchao 8da8w), as the ONNX int4 path's 8-bit head. Narrower Linears (tiny test
+    models' per-layer inputs) stay fp32, and so do the modules named in `skip` (a drafter's lm_head, which its head
+    reads as a table: gathered rows, not a Linear call; its centroid scorer, called on one vector, which XNNPACK's
+    dynamic-quant lowering does not take)."""
     with quiet(*IMPORT_NOISE):
         from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
-        from torchao.quantization.granularity import PerGroup
+        from torchao.quantization.granularity import PerAxis
 
-    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(QUANT_GROUP))
-    quantize_(module, config, filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and m.in_features % QUANT_GROUP == 0
-              and fqn not in skip)
+        from edge_spec.exact_int4 import swap_linears
+
+    def eligible(fqn: str, m: nn.Module) -> bool:
+        return isinstance(m, nn.Linear) and m.in_features % QUANT_GROUP == 0 and fqn not in skip
+
+    if head is not None:
+        config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+        quantize_(module, config, filter_fn=lambda m, fqn: fqn == head and eligible(fqn, m))
+    swap_linears(module, lambda fqn, m: fqn != head and eligible(fqn, m), QUANT_GROUP)
 
 
 def constant_methods(job: bundle.ExportJob) -> dict:
@@ -313,7 +322,7 @@ def _quantized_copy(program: Program) -> Program:
     import copy
 
     clone = copy.deepcopy(program)
-    quantize_8da4w(clone.target)
+    quantize_8da4w(clone.target, head="lm_head")
     if clone.drafter is not None:
         quantize_8da4w(clone.drafter, skip=("lm_head", "masked_embedding.centroids"))  # tables / 1-D inputs
     return clone
