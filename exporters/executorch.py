@@ -23,7 +23,8 @@ method reads what the target method wrote (executorch's Python `Program` sizes o
 methods it loaded: load both once, never run two at once).
 
 Precisions: fp32, and 8da4w (int8 per-token dynamic activations x int4 weights in groups of 32 whose codes keep each
-block's min and max exact, `quantize_8da4w`; 8-bit output head; the embedding table stays fp32). Exporters import the core only, never runtimes.
+block's min and max exact, `quantize_8da4w`; 8-bit output head; the embedding table stays fp32). Exporters import
+the core only, never runtimes.
 """
 
 from __future__ import annotations

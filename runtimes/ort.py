@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+
 import numpy as np
 
 from edge_spec import kv
