@@ -127,8 +127,11 @@ class FixedBackend:
 
     def __init__(self, functions: dict[int, Predictor], layout: KVLayout, slots: dict[str, int], identity: str, *,
                  name: str, feature: Callable[[str], str] = lambda n: n, mask_floor: float = kv.NEG_INF,
-                 fix: str = "re-export with --max-pass", placed: bool = False):
+                 fix: str = "re-export with --max-pass", placed: bool = False, sink: Predictor | None = None):
         self.functions, self.layout, self.slots = functions, layout, slots
+        # position 0 through its own length-1 graph (QNN: float activations on the host), the rest of a first pass
+        # through the quantized graphs with that row in its slot (see `forward`)
+        self.sink = sink
         self.placed = placed  # the graphs take slot masks + slot indices (`slot_feeds`), not concat masks
         self.state = layout.binding == kv.BINDING_STATE  # the graphs hold the caches (slot masks + write slots)
         self.lengths = sorted(functions)
@@ -183,20 +186,58 @@ class FixedBackend:
         feeds.update(self.cache_feeds(range(len(self.layout.caches))))
         return feeds
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
-                n_cached: int, last_only: bool) -> StepOutput:
+    def run(self, function: Predictor, input_ids: np.ndarray, position_ids: np.ndarray,
+            masks: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """One padded call: (logits [t, V], hidden [t, H], new rows per cache k, v, ... [1, H_kv, t, D])."""
         t = input_ids.shape[1]
         feeds = self.feeds(input_ids, position_ids, masks)
         start = time.perf_counter()
-        out = self.functions[self.length_for(t)](feeds)
+        out = function(feeds)
         self.kernel_s += time.perf_counter() - start
+        new = [] if self.state else [np.asarray(out[self.feature(name(c.layer))])[:, :, :t]
+                                     for c in self.layout.caches for name in (kv.k_new_name, kv.v_new_name)]
+        return (np.asarray(out[self.feature(kv.LOGITS)], dtype=np.float32)[0, :t],
+                np.asarray(out[self.feature(kv.HIDDEN)], dtype=np.float32)[0, :t], new)
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
+                n_cached: int, last_only: bool) -> StepOutput:
+        t = input_ids.shape[1]
+        if self.sink is not None and n_cached == 0:
+            logits, hidden, new = self.first_pass(input_ids, position_ids, masks)
+        else:
+            logits, hidden, new = self.run(self.functions[self.length_for(t)], input_ids, position_ids, masks)
         if not self.state:
-            self._pending = [np.asarray(out[self.feature(name(c.layer))])[:, :, :t]
-                             for c in self.layout.caches for name in (kv.k_new_name, kv.v_new_name)]
+            self._pending = new
         rows = slice(t - 1, t) if last_only else slice(0, t)
-        logits = np.asarray(out[self.feature(kv.LOGITS)], dtype=np.float32)[0, rows]
-        hidden = np.asarray(out[self.feature(kv.HIDDEN)], dtype=np.float32)[0, rows]
-        return StepOutput(logits.copy(), hidden.copy())
+        return StepOutput(logits[rows].copy(), hidden[rows].copy())
+
+    def first_pass(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray]):
+        """A pass from position 0 over an empty cache: row 0 through `sink`, then (t > 1) rows 1.. through the
+        graphs, with row 0's keys and values in slot 0 (position 0's slot in full layers and rings) and its mask
+        column moved there; the slot is emptied again afterwards (`commit` writes it)."""
+        assert not self.state, "the state binding has no host sink"
+        t = input_ids.shape[1]
+        s = {kind: self.layout.slots(kind) for kind in self.layout.kinds()}
+        # [1, 1, 1, s + 1]: row 0 sees its own new column
+        first = {kind: np.concatenate([m[:, :, :1, :s[kind]], m[:, :, :1, s[kind]:s[kind] + 1]], axis=-1)
+                 for kind, m in masks.items()}
+        logits, hidden, new = self.run(self.sink, input_ids[:, :1], position_ids[:, :1], first)
+        if t == 1:
+            return logits, hidden, new
+        rest = {}
+        for kind, m in masks.items():  # [1, 1, t - 1, s + t - 1]: new column 0 becomes cache slot 0
+            cache = m[:, :, 1:, :s[kind]].copy()
+            cache[..., 0] = m[:, :, 1:, s[kind]]
+            rest[kind] = np.concatenate([cache, m[:, :, 1:, s[kind] + 1:]], axis=-1)
+        for i in range(len(self.layout.caches)):
+            self.k[i][:, :, :1], self.v[i][:, :, :1] = new[2 * i], new[2 * i + 1]
+        try:
+            more = self.run(self.functions[self.length_for(t - 1)], input_ids[:, 1:], position_ids[:, 1:], rest)
+        finally:
+            for i in range(len(self.layout.caches)):
+                self.k[i][:, :, :1], self.v[i][:, :, :1] = 0.0, 0.0
+        return (np.concatenate([logits, more[0]]), np.concatenate([hidden, more[1]]),
+                [np.concatenate([a, b], axis=2) for a, b in zip(new, more[2])])
 
     def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         if self.state:  # the program wrote every row; KVState records which were accepted

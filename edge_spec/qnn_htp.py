@@ -59,6 +59,10 @@ def ctx_file(graph: str) -> str:
     return f"{QNN_DIR}/{graph}.ctx.onnx"
 
 
+def sink_file() -> str:  # position 0's pass on the host CPU: target_1's QDQ graph with float activations
+    return f"{QNN_DIR}/target_sink.onnx"
+
+
 def get_soc(name: str) -> Soc:
     if name not in SOCS:
         raise ConfigError(f"unknown Snapdragon SoC {name!r}",

@@ -8,6 +8,9 @@ Providers (`--provider`):
     files run on its NPU (docs/android-qnn.md).
   * `cpu`: the QDQ models (`qnn/<graph>.qdq.onnx`) on onnxruntime's CPU provider: the numerical reference of the
     quantized graphs, and a way to run the bundle where the QNN wheel is missing.
+Either way, a pass from position 0 runs that one row through `qnn/target_sink.onnx` on the CPU provider (target_1
+with float activations and the same 8-bit weights, exporters/qnn.float_twin) and the rest of the pass on the
+provider: the first token's massive activation never enters a quantized graph.
 """
 
 from __future__ import annotations
@@ -79,9 +82,12 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     where = f"HTP {soc.name} (v{soc.htp_arch}), {qnn_htp.versions()}" if provider == "qnn" else "CPU provider"
     import onnxruntime as ort
 
-    identity = f"qnn {info['quant']} QDQ on {where}, onnxruntime {ort.__version__}, threads {threads or 'default'}"
+    sink = info.get("host_sink")  # position 0 on the host CPU, float activations (bundles since 2026-12-02)
+    identity = f"qnn {info['quant']} QDQ on {where}{', position 0 on the CPU' if sink else ''}, onnxruntime " \
+        f"{ort.__version__}, threads {threads or 'default'}"
     backend = FixedBackend({t: _predictor(s) for t, s in sessions.items()}, layout, slots, identity, name="qnn",
-                           mask_floor=float(info["mask_floor"]), fix="re-export with --max-pass", placed=True)
+                           mask_floor=float(info["mask_floor"]), fix="re-export with --max-pass", placed=True,
+                           sink=_predictor(open_session(folder / sink, "cpu", soc, threads)) if sink else None)
     if manifest.drafter is None:
         return backend, None
     method = manifest.graphs["drafter"].method

@@ -3,11 +3,13 @@ real widths and weights) exported to a QNN bundle per variant, its QDQ graphs ru
 with eager fp32 over the shipped bench prompts: max / mean logit error relative to the logits' scale and top-1
 agreement.
 
-    .venv/bin/python scripts/qnn_quality.py --layers 4 --variants default per_channel
+    .venv/bin/python scripts/qnn_quality.py --layers 30 --variants before sink_only default --no-compile
 
-Variants (keyword overrides of onnxruntime's `get_qnn_qdq_config`, applied by wrapping it; the bundle code is not
-changed): default (what `edge-spec export --format qnn` does), per_channel (per-channel 8-bit weights),
-w16 (16-bit weights: an upper bound on what weight precision can give).
+Variants (the exporter's recipe with steps turned off by patching it; the bundle code is not changed): default (what
+`edge-spec export --format qnn` does: position 0 on the host, linears as 1x1 Conv with per-channel weights),
+sink_only (linears stay MatMuls, per-tensor weights), before (neither: the recipe before 2026-12-02), no_sink (Conv,
+position 0 quantized), w16 (16-bit weights). --no-compile skips the
+context binaries (the CPU provider does not read them).
 """
 
 from __future__ import annotations
@@ -22,16 +24,26 @@ from pathlib import Path
 import numpy as np
 from truncated import truncated_smollm2
 
-VARIANTS = {"default": {}, "per_channel": {"per_channel": True}, "w16": {"weight_type": "uint16"}}
+# variant -> get_qnn_qdq_config overrides, export_bundle keywords, recipe steps turned off ("conv": linears stay
+# MatMuls with per-tensor weights)
+VARIANTS = {
+    "default": ({}, {}, ()),  # what `edge-spec export --format qnn` does
+    "sink_only": ({}, {}, ("conv",)),
+    "before": ({}, {"host_sink": False}, ("conv",)),  # the recipe before 2026-12-02
+    "no_sink": ({}, {"host_sink": False}, ()),
+    "w16": ({"weight_type": "uint16"}, {}, ()),
+}
 
 
-def export_variant(folder: Path, out: Path, overrides: dict) -> float:
+def export_variant(folder: Path, out: Path, variant: tuple, compile_htp: bool) -> float:
     import onnxruntime.quantization.execution_providers.qnn as qnn_tools
 
     from edge_spec import checkpoints
     from edge_spec.exporters import qnn
 
-    original = qnn_tools.get_qnn_qdq_config
+    overrides, keywords, off = variant
+    saved = qnn_tools.get_qnn_qdq_config, qnn.compile_context, qnn.linears_as_conv
+    original = saved[0]
 
     def wrapped(*args, **kwargs):
         extra = dict(overrides)
@@ -42,12 +54,16 @@ def export_variant(folder: Path, out: Path, overrides: dict) -> float:
         return original(*args, **{**kwargs, **extra})
 
     qnn_tools.get_qnn_qdq_config = wrapped
+    if not compile_htp:  # the CPU provider reads only the QDQ graphs
+        qnn.compile_context = lambda *args: None
+    if "conv" in off:
+        qnn.linears_as_conv = lambda path: 0
     try:
         start = time.perf_counter()
-        qnn.export_bundle(checkpoints.load(str(folder)), out, max_context=128, max_draft_len=2, max_pass=3)
+        qnn.export_bundle(checkpoints.load(str(folder)), out, max_context=128, max_draft_len=2, max_pass=3, **keywords)
         return time.perf_counter() - start
     finally:
-        qnn_tools.get_qnn_qdq_config = original
+        qnn_tools.get_qnn_qdq_config, qnn.compile_context, qnn.linears_as_conv = saved
 
 
 def compare(folder: Path, bundle: Path, n_prompts: int) -> dict:
@@ -87,11 +103,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--variants", nargs="+", default=["default"], choices=list(VARIANTS))
     parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--no-compile", action="store_true", help="skip the context binaries (not used here)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="qnn-quality-"))
     folder = truncated_smollm2(args.layers, work / "smollm2")
     for name in args.variants:
-        seconds = export_variant(folder, work / name, VARIANTS[name])
+        seconds = export_variant(folder, work / name, VARIANTS[name], not args.no_compile)
         print(json.dumps({"layers": args.layers, "variant": name, "export_s": round(seconds),
                           **compare(folder, work / name, args.prompts)}), flush=True)
     shutil.rmtree(work, ignore_errors=True)

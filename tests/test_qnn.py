@@ -81,8 +81,24 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
         qdq = onnx.load(str(llama[0] / qnn_htp.qdq_file(graph)))
         ops = {n.op_type for n in qdq.graph.node}
         assert {"QuantizeLinear", "DequantizeLinear"} <= ops and "ScatterElements" not in ops
+        # linears as 1x1 convolutions, their weights 8-bit per output channel (QNN's MatMul weights are per tensor)
+        inits = {i.name: i for i in qdq.graph.initializer}
+        producer = {o: n for n in qdq.graph.node for o in n.output}
+        convs = [n for n in qdq.graph.node if n.op_type == "Conv"]
+        assert convs and not [n for n in qdq.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+        for conv in convs:
+            dq = producer[conv.input[1]]
+            assert dq.op_type == "DequantizeLinear" and list(inits[dq.input[1]].dims) == [inits[dq.input[0]].dims[0]]
         assert [i.name for i in qdq.graph.input][:2] == (["input_ids", "position_ids"] if graph != "drafter"
                                                          else ["input_ids", "hidden"])
+    # position 0's graph for the host: target_1 with float activations and the same 8-bit weights
+    assert fixed["qnn"]["host_sink"] == qnn_htp.sink_file()
+    sink, first = (onnx.load(str(llama[0] / f)) for f in (qnn_htp.sink_file(), qnn_htp.qdq_file("target_1")))
+    ops = [n.op_type for n in sink.graph.node]
+    assert "QuantizeLinear" not in ops and ops.count("DequantizeLinear") == \
+        sum(n.op_type == "DequantizeLinear" and n.input[0] in {i.name for i in first.graph.initializer}
+            for n in first.graph.node) > 0
+    assert {i.name: i.raw_data for i in sink.graph.initializer} == {i.name: i.raw_data for i in first.graph.initializer}
 
 
 def test_every_node_runs_on_the_htp(pair):
@@ -106,6 +122,35 @@ def test_a_graph_the_htp_cannot_run_fails_loudly(tmp_path):
     with pytest.raises(BundleError, match="outside the HTP"):
         open_session(path, "qnn", SOC)
     assert qnn_htp.off_htp(path, SOC) == ["Det "] or qnn_htp.off_htp(path, SOC)[0].startswith("Det")
+
+
+# ---- what the exporter rewrites for the HTP's quantization ------------------------------------------------------
+def test_linears_become_1x1_convolutions_with_the_same_outputs(tmp_path):
+    """`linears_as_conv`: MatMul(activation, weight initializer) -> Reshape, Conv, Reshape with the same outputs; a
+    MatMul of two activations is left alone."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge_spec.exporters.qnn import linears_as_conv
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 6)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="linear"),
+         helper.make_node("MatMul", ["y", "z"], ["out"], name="pair")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 6, 2])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 3, 2])], initializer=[w])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    feeds = {"x": rng.standard_normal((1, 3, 4)).astype(np.float32), "z": rng.standard_normal((1, 6, 2)).astype(np.float32)}
+    before = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert linears_as_conv(path) == 1
+    after = onnx.load(str(path))
+    assert [n.op_type for n in after.graph.node] == ["Reshape", "Conv", "Reshape", "MatMul"]
+    assert "w" not in {i.name for i in after.graph.initializer}
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, before, rtol=1e-5, atol=1e-6)
 
 
 # ---- numerics -------------------------------------------------------------------------------------------------
@@ -139,6 +184,26 @@ def test_verify_rows_are_bit_identical_to_decode_steps_through_the_cpu_qdq_graph
     ring wraps."""
     windows = ((20, 5), (30, 9), (41, 3)) if pair[0].name == "llama" else ((20, 5), (30, 9), (12, 3))
     assert differing_windows(cpu_session(pair[0]), prompt_ids(45, seed=5), windows) == []
+
+
+def test_a_pass_from_position_0_runs_its_first_row_on_the_host_and_equals_decode_steps(pair):
+    """A prefill from position 0: row 0 through the host's float graph (qnn/target_sink.onnx), rows 1.. through the
+    QDQ graph with row 0 in slot 0 - bit for bit the logits of decoding the same tokens one step at a time (gemma:
+    rows past the window no longer see position 0). Without the host graph, row 0 is the QDQ graph's and differs."""
+    session = cpu_session(pair[0])
+    ids = prompt_ids(9, seed=3)
+    session.reset()
+    whole = session.forward(ids).logits
+    session.reset()
+    steps = []
+    for token in ids:
+        steps.append(session.forward([token]).logits[-1])
+        session.commit(1)
+    assert np.array_equal(whole, np.stack(steps))
+    session.reset()
+    session.backend.sink = None
+    quantized = session.forward(ids[:1]).logits
+    assert not np.array_equal(quantized[0], whole[0])
 
 
 def test_the_htp_is_not_batch_invariant_and_the_host_check_says_so(llama):
