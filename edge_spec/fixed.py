@@ -130,7 +130,7 @@ class FixedBackend:
                  fix: str = "re-export with --max-pass", placed: bool = False, sink: Predictor | None = None):
         self.functions, self.layout, self.slots = functions, layout, slots
         # position 0 through its own length-1 graph (QNN: float activations on the host), the rest of a first pass
-        # through the quantized graphs with that row in its slot (see `forward`)
+        # through the quantized graphs with that row in its slot (`first_pass`)
         self.sink = sink
         self.placed = placed  # the graphs take slot masks + slot indices (`slot_feeds`), not concat masks
         self.state = layout.binding == kv.BINDING_STATE  # the graphs hold the caches (slot masks + write slots)

@@ -86,7 +86,7 @@ def _onnx(module: nn.Module, args: tuple, io: tuple[list[str], list[str]], path:
         raise ExportError(f"the {what} graph exported with IO {got}, expected {tuple(names.values())}")
 
 
-# ---- 2. linears as 1x1 convolutions (per-channel 8-bit weights) ------------------------------------------------
+# ---- 1b. linears as 1x1 convolutions (per-channel 8-bit weights) -----------------------------------------------
 def linears_as_conv(path: Path) -> int:
     """Rewrite `path` in place: every MatMul of an activation [..., in] by a weight initializer [in, out] becomes
     Reshape [N, in, 1, 1] -> Conv (weight [out, in, 1, 1]) -> Reshape [..., out], N = the rows (static shapes).
@@ -282,35 +282,6 @@ def quantize(pre: Path, out: Path, feeds: list[dict], scheme: str, ranges: dict 
             logging.disable(logging.NOTSET)
 
 
-# ---- 4b. the host's float twin of the first pass ---------------------------------------------------------
-def float_twin(qdq: Path, out: Path) -> None:
-    """`qdq` with every activation QuantizeLinear -> DequantizeLinear pair turned into an Identity: the same graph and
-    the same 8-bit weights (their DequantizeLinear nodes stay), float activations. The runtime runs position 0 through
-    it on the host CPU (`FixedBackend(sink=...)`): a model whose first token is an attention sink with a massive
-    activation (SmolLM2: 24,874 in one channel of the residual stream at position 0, under 700 at every other
-    position) would otherwise set every 16-bit residual range, so the quantized graphs never see that row."""
-    proto = onnx.load(str(qdq))
-    graph = proto.graph
-    quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
-    nodes = []
-    for n in graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] in {i.name for i in graph.initializer}:
-            nodes.append(n)  # a weight quantized in the graph (none expected): keep it
-        elif n.op_type == "QuantizeLinear":
-            continue
-        elif n.op_type == "DequantizeLinear" and n.input[0] in quantized:
-            nodes.append(onnx.helper.make_node("Identity", [quantized[n.input[0]]], list(n.output), name=n.name))
-        else:
-            nodes.append(n)
-    left = [n.name for n in nodes if n.op_type == "QuantizeLinear"]
-    if left:
-        raise ExportError(f"{qdq.name}: {len(left)} QuantizeLinear node(s) on weights, unexpected in a QDQ graph",
-                          "report the model config")
-    del graph.node[:]
-    graph.node.extend(nodes)
-    onnx.save(proto, str(out))
-
-
 # ---- 5. context binaries -----------------------------------------------------------------------------------
 def compile_context(qdq: Path, out: Path, soc: qnn_htp.Soc) -> None:
     """EPContext model for `soc` (context binary embedded); refuses a graph that does not fully land on the HTP."""
@@ -330,6 +301,28 @@ def compile_context(qdq: Path, out: Path, soc: qnn_htp.Soc) -> None:
     if others:
         raise ExportError(f"{len(others)} node(s) of {qdq.name} would run outside the HTP on {soc.name}: "
                           f"{', '.join(others[:5])}", "report the model config; --format onnx runs it on the CPU")
+
+
+# ---- 6. the host's float twin of the first pass ----------------------------------------------------------
+def float_twin(qdq: Path, out: Path) -> None:
+    """`qdq` with every activation QuantizeLinear -> DequantizeLinear pair turned into an Identity: the same graph and
+    the same 8-bit weights (their DequantizeLinear nodes stay), float activations. The runtime runs position 0 through
+    it on the host CPU (`FixedBackend(sink=...)`): a model whose first token is an attention sink with a massive
+    activation (SmolLM2: 24,874 in one channel of the residual stream at position 0, under 700 at every other
+    position) would otherwise set every 16-bit residual range, so the quantized graphs never see that row."""
+    proto = onnx.load(str(qdq))
+    graph = proto.graph
+    weights = {i.name for i in graph.initializer}
+    quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    if on_weights := [n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] in weights]:
+        raise ExportError(f"{qdq.name}: {len(on_weights)} QuantizeLinear node(s) on weights, unexpected in a QDQ graph",
+                          "report the model config")
+    nodes = [onnx.helper.make_node("Identity", [quantized[n.input[0]]], list(n.output), name=n.name)
+             if n.op_type == "DequantizeLinear" and n.input[0] in quantized else n
+             for n in graph.node if n.op_type != "QuantizeLinear"]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(proto, str(out))
 
 
 # ---- the bundle -------------------------------------------------------------------------------------------
