@@ -11,7 +11,10 @@ fixed number of slots. This module holds what follows from that, independent of 
   * `pad_mask`: the contract's mask [1, 1, t, s + t] as a graph's [1, 1, T, S_f + T];
   * `FixedBackend` / `FixedDrafter`: edge_spec.backend's Backend and DrafterBackend over such graphs: the runtime
     holds the caches ([1, H_kv, S_f, D] float32 per cached layer), passes them to every call, writes the committed
-    rows itself. Pad rows repeat the last token at the next positions, see only themselves and are never committed.
+    rows itself. Pad rows repeat the last token at the next positions, see what the last real row sees (no real
+    row sees them) and are never committed. Not "only themselves": a row that attends to nothing but itself is a
+    position-0 row to the model, and SmolLM2 gives such a row its attention-sink activation (24,874 vs < ~700
+    elsewhere); calibrating a quantized graph over pad rows like that set its ranges from them (all-noise output).
   * the `state` binding (Core ML's MLState): the caches live in the program as states of `state_slots` slots (the
     layout's, at least one spare, rounded up to STATE_ALIGN); each pass takes the slot mask (`slot_feeds`) and the
     slot each row writes (`write_slots`: real rows their slot, pad rows the spare one, which no mask ever shows),
@@ -80,13 +83,13 @@ def function_slots(layout: KVLayout, lengths: tuple[int, ...]) -> dict[str, int]
 
 def pad_mask(mask: np.ndarray, t: int, n: int, s: int, s_f: int, floor: float = kv.NEG_INF) -> np.ndarray:
     """The contract's mask [1, 1, t, s + t] as a graph's [1, 1, n, s_f + n]: real rows keep their columns (cache
-    slots [0, s), new rows [s_f, s_f + t)), slots [s, s_f) stay masked, pad row r sees only itself. Masked entries
-    become `floor` (a quantized graph needs a small finite one: its mask input has a calibrated range)."""
+    slots [0, s), new rows [s_f, s_f + t)), slots [s, s_f) stay masked, pad rows see what the last real row sees
+    (module doc: why). Masked entries become `floor` (a quantized graph needs a small finite one: its mask input has a
+    calibrated range)."""
     out = np.full((1, 1, n, s_f + n), floor, dtype=np.float32)
     out[:, :, :t, :s] = np.maximum(mask[..., :s], floor)
     out[:, :, :t, s_f:s_f + t] = np.maximum(mask[..., s:], floor)
-    for r in range(t, n):
-        out[0, 0, r, s_f + r] = 0.0
+    out[:, :, t:] = out[:, :, t - 1:t]  # pad rows: the last real row's view (see pad_rows_see_the_last_rows_view)
     return out
 
 
@@ -94,15 +97,16 @@ def slot_feeds(mask: np.ndarray, positions: np.ndarray, n: int, s: int, s_f: int
                floor: float) -> tuple[np.ndarray, np.ndarray]:
     """The placed form's inputs of one kind for a pass of t = len(positions) real rows padded to n, over a graph of
     s_f slots of which the runtime's layout uses s: the contract's mask [1, 1, t, s + t] as a slot mask [1, 1, n, s_f]
-    (slot j of row r: the new row's column where this pass writes slot j, else the cache column; slots [s, s_f) and
-    pad rows see nothing) and the slot index [s_f] int32 (j, or s_f + r where real row r writes slot j: position % s
-    in a ring, the position otherwise; pad rows write nothing)."""
+    (slot j of row r: the new row's column where this pass writes slot j, else the cache column; slots [s, s_f) are
+    masked) and the slot index [s_f] int32 (j, or s_f + r where real row r writes slot j: position % s
+    in a ring, the position otherwise; pad rows see what the last real row sees and write nothing)."""
     t = len(positions)
     slots = positions % s if ring else positions
     out = np.full((1, 1, n, s_f), floor, dtype=np.float32)
     rows_view = out[0, 0]  # [n, s_f] (indexed apart: out[0, 0, :t, slots] would put the slots axis first)
     rows_view[:t, :s] = np.maximum(mask[0, 0, :, :s], floor)
     rows_view[:t, slots] = np.maximum(mask[0, 0, :, s:s + t], floor)
+    rows_view[t:] = rows_view[t - 1]  # pad rows: the last real row's view
     index = np.arange(s_f, dtype=np.int32)
     index[slots] = s_f + np.arange(t, dtype=np.int32)
     return out, index

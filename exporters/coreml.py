@@ -8,8 +8,8 @@ Functions of `coreml/program.mlpackage` (coremltools `save_multifunction`, ident
     prefill chunk): (input_ids [1, T] int32, position_ids [1, T] int32, mask_{kind} [1, 1, T, S_kind + T],
     k_cache_{l} / v_cache_{l} [1, H_kv, S_kind, D]) -> (logits [1, T, V], hidden [1, T, H], k_new_{l} / v_new_{l}
     [1, H_kv, T, D]). Every shape is fixed (the ANE runs only fixed or enumerated shapes): the runtime pads a pass
-    to the next length (pad rows repeat the last token at the next positions and see only themselves; they are
-    never committed).
+    to the next length (pad rows repeat the last token at the next positions and see what the last real row sees;
+    they are never committed).
   * `drafter`: (input_ids [1, 1], hidden [1, 1, Ht], position_ids [1, 1], mask_{kind} [1, 1, 1, S_kind], the source
     layers' caches) -> (draft_token_ids, draft_logits, draft_hidden); the target's embedding (and output table) are
     constants of the function, deduplicated against the target's by `save_multifunction`.

@@ -35,7 +35,7 @@ VARIANTS = {
 }
 
 
-def export_variant(folder: Path, out: Path, variant: tuple, compile_htp: bool) -> float:
+def export_variant(folder: Path, out: Path, variant: tuple, compile_htp: bool, max_pass: int) -> float:
     import onnxruntime.quantization.execution_providers.qnn as qnn_tools
 
     from edge_spec import checkpoints
@@ -60,13 +60,14 @@ def export_variant(folder: Path, out: Path, variant: tuple, compile_htp: bool) -
         qnn.linears_as_conv = lambda path: 0
     try:
         start = time.perf_counter()
-        qnn.export_bundle(checkpoints.load(str(folder)), out, max_context=128, max_draft_len=2, max_pass=3, **keywords)
+        qnn.export_bundle(checkpoints.load(str(folder)), out, max_context=128, max_draft_len=2, max_pass=max_pass,
+                          **keywords)
         return time.perf_counter() - start
     finally:
         qnn_tools.get_qnn_qdq_config, qnn.compile_context, qnn.linears_as_conv = saved
 
 
-def compare(folder: Path, bundle: Path, n_prompts: int) -> dict:
+def compare(folder: Path, bundle: Path, n_prompts: int, max_pass: int) -> dict:
     from edge_spec import checkpoints
     from edge_spec.api import load_bundle
     from edge_spec.backend import Session
@@ -78,11 +79,11 @@ def compare(folder: Path, bundle: Path, n_prompts: int) -> dict:
     engine = load_bundle(bundle, provider="cpu", host_check=False)
     worst, means, agree, n = 0.0, [], 0, 0
 
-    def chunked(session, ids):  # logits of every position, in committed passes of 3 (the longest graph)
+    def chunked(session, ids):  # logits of every position, in committed passes of max_pass (the longest graph)
         out = []
-        for i in range(0, len(ids), 3):
-            out.append(session.forward(ids[i:i + 3]).logits)
-            session.commit(len(ids[i:i + 3]))
+        for i in range(0, len(ids), max_pass):
+            out.append(session.forward(ids[i:i + max_pass]).logits)
+            session.commit(len(ids[i:i + max_pass]))
         return np.concatenate(out)
 
     for p in read_prompts(DEFAULT_PROMPTS)[:n_prompts]:
@@ -103,14 +104,16 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--variants", nargs="+", default=["default"], choices=list(VARIANTS))
     parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--max-pass", type=int, default=3, help="longest pass exported (prefill chunk; 9 pads "
+                        "passes: lengths 1, 2, 3, 5, 9) and the pass length compared in")
     parser.add_argument("--no-compile", action="store_true", help="skip the context binaries (not used here)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="qnn-quality-"))
     folder = truncated_smollm2(args.layers, work / "smollm2")
     for name in args.variants:
-        seconds = export_variant(folder, work / name, VARIANTS[name], not args.no_compile)
-        print(json.dumps({"layers": args.layers, "variant": name, "export_s": round(seconds),
-                          **compare(folder, work / name, args.prompts)}), flush=True)
+        seconds = export_variant(folder, work / name, VARIANTS[name], not args.no_compile, args.max_pass)
+        print(json.dumps({"layers": args.layers, "variant": name, "max_pass": args.max_pass, "export_s": round(seconds),
+                          **compare(folder, work / name, args.prompts, args.max_pass)}), flush=True)
     shutil.rmtree(work, ignore_errors=True)
 
 

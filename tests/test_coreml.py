@@ -23,7 +23,7 @@ from edge_spec.fixed import pass_lengths
 from edge_spec.generate import generate_plain
 from edge_spec.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes import coreml_mil
-from edge_spec.fixed import pad_mask
+from edge_spec.fixed import pad_mask, slot_feeds
 from edge_spec.runtimes.coreml import EXECUTOR_ENV
 from edge_spec.runtimes.torch import TorchBackend
 from edge_spec.sampling import SamplingParams
@@ -99,13 +99,26 @@ def test_weights_are_stored_once_across_functions(llama):
     assert size < 1.5 * 4 * params  # fp32: 4 bytes each; six separate packages would take ~6x
 
 
-def test_pad_mask_keeps_real_rows_and_isolates_pad_rows():
+def test_pad_mask_keeps_real_rows_and_gives_pad_rows_the_last_real_rows_view():
+    """A pad row must not see only itself: to the model that is a position-0 row, which SmolLM2 gives its
+    attention-sink activation, and a quantized graph calibrated over such rows is noise (edge_spec/fixed.py)."""
     mask = kv.attention_mask(np.array([0, 1, -1, -1]), np.array([2, 3]), None)[None, None]  # [1, 1, 2, 4 + 2]
-    out = pad_mask(mask, t=2, n=3, s=4, s_f=6)  # [1, 1, 3, 6 + 3]
-    assert out.shape == (1, 1, 3, 9)
+    out = pad_mask(mask, t=2, n=4, s=4, s_f=6)  # [1, 1, 4, 6 + 4]
+    assert out.shape == (1, 1, 4, 10)
     assert np.array_equal(out[0, 0, :2, :4], mask[0, 0, :, :4]) and np.array_equal(out[0, 0, :2, 6:8], mask[0, 0, :, 4:])
-    assert (out[0, 0, :2, 4:6] == kv.NEG_INF).all() and (out[0, 0, :2, 8] == kv.NEG_INF).all()
-    assert (out[0, 0, 2] == 0).sum() == 1 and out[0, 0, 2, 8] == 0  # a pad row sees only itself
+    assert (out[0, 0, :2, 4:6] == kv.NEG_INF).all()
+    assert (out[0, 0, :2, 8:] == kv.NEG_INF).all()  # no real row sees a pad row
+    assert np.array_equal(out[0, 0, 2], out[0, 0, 1]) and np.array_equal(out[0, 0, 3], out[0, 0, 1])
+    assert (out[0, 0, 2:] == 0).sum(-1).tolist() == [4, 4]  # slots 0, 1 and real rows 0, 1 (not themselves)
+
+
+def test_slot_feeds_give_pad_rows_the_last_real_rows_view_and_write_nothing():
+    mask = kv.attention_mask(np.array([0, 1, -1, -1]), np.array([2, 3]), None)[None, None]  # [1, 1, 2, 4 + 2]
+    out, index = slot_feeds(mask, np.array([2, 3]), n=4, s=4, s_f=6, ring=False, floor=-100.0)  # [1, 1, 4, 6], [6]
+    assert np.array_equal(out[0, 0, 0], [0, 0, 0, -100, -100, -100])  # row 0 (position 2): slots 0, 1 and its own
+    assert np.array_equal(out[0, 0, 1], [0, 0, 0, 0, -100, -100])
+    assert np.array_equal(out[0, 0, 2], out[0, 0, 1]) and np.array_equal(out[0, 0, 3], out[0, 0, 1])
+    assert index.tolist() == [0, 1, 6, 7, 4, 5]  # slots 2, 3 take real rows 0, 1; pad rows (8, 9) go nowhere
 
 
 # ---- parity (the package as saved, executed op by op) ---------------------------------------------------
