@@ -12,9 +12,11 @@ fixed number of slots. This module holds what follows from that, independent of 
   * `FixedBackend` / `FixedDrafter`: edge_spec.backend's Backend and DrafterBackend over such graphs: the runtime
     holds the caches ([1, H_kv, S_f, D] float32 per cached layer), passes them to every call, writes the committed
     rows itself. Pad rows repeat the last token at the next positions, see what the last real row sees (no real
-    row sees them) and are never committed. Not "only themselves": a row that attends to nothing but itself is a
-    position-0 row to the model, and SmolLM2 gives such a row its attention-sink activation (24,874 vs < ~700
-    elsewhere); calibrating a quantized graph over pad rows like that set its ranges from them (all-noise output).
+    row sees them) and are never committed. They used to see only themselves (the placed form: nothing at all), which
+    no real row ever does but position 0, where SmolLM2's residual stream reaches 24,874 (its attention sink; a token
+    alone: ~23,000, in context < 130: scripts/sink_rows.py); the QNN calibration saw such pad rows and the 16a8w
+    bundle was noise (top-1 vs eager 0.024 at passes up to 9; with pad rows as now 0.882: scripts/qnn_quality.py
+    --max-pass 9).
   * the `state` binding (Core ML's MLState): the caches live in the program as states of `state_slots` slots (the
     layout's, at least one spare, rounded up to STATE_ALIGN); each pass takes the slot mask (`slot_feeds`) and the
     slot each row writes (`write_slots`: real rows their slot, pad rows the spare one, which no mask ever shows),
