@@ -76,7 +76,8 @@ def main() -> None:
                 s.commit(len(ids[i:i + t]))
             diff = np.abs(a - b) / scale
             print(json.dumps({"htp_vs_cpu": True, "start": i, "rows": len(a), "max": round(float(diff.max()), 4),
-                              "mean": round(float(diff.mean()), 4), "top1_agree": int((a.argmax(-1) == b.argmax(-1)).sum()),
+                              "mean": round(float(diff.mean()), 4),
+                              "top1_agree": int((a.argmax(-1) == b.argmax(-1)).sum()),
                               "vs_eager_htp": int((a.argmax(-1) == ref[i:i + t].argmax(-1)).sum()),
                               "vs_eager_cpu": int((b.argmax(-1) == ref[i:i + t].argmax(-1)).sum()),
                               "htp_s": round(seconds, 1)}), flush=True)
@@ -84,7 +85,8 @@ def main() -> None:
     for t in args.lengths:
         cpu.session.reset()
         a = passes(cpu.session, ids, t)
-        print(json.dumps({"pass": t, "positions": len(ids), "top1": round(float((a.argmax(-1) == ref.argmax(-1)).mean()), 3),
+        top1 = float((a.argmax(-1) == ref.argmax(-1)).mean())
+        print(json.dumps({"pass": t, "positions": len(ids), "top1": round(top1, 3),
                           "mean": round(float(np.abs(a - ref).mean() / scale), 4)}), flush=True)
     if args.answers:
         for prompt in PROMPTS:
@@ -95,8 +97,9 @@ def main() -> None:
             agree = a.argmax(-1) == np.array(answer)
             miss = int(np.argmin(agree)) if not agree.all() else None
             top3 = None if miss is None else [target.tokenizer.decode([int(x)]) for x in np.argsort(-a[miss])[:3]]
-            print(json.dumps({"prompt": prompt, "eager": target.tokenizer.decode(answer), "top1": round(float(agree.mean()), 3),
-                              "first_miss": miss, "bundle_top3_there": top3}), flush=True)
+            print(json.dumps({"prompt": prompt, "eager": target.tokenizer.decode(answer),
+                              "top1": round(float(agree.mean()), 3), "first_miss": miss, "bundle_top3_there": top3}),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ def main() -> None:
     for name in ["logits", "hidden", *names]:
         scale = float(np.abs(ref[name]).max()) or 1.0
         diff = np.abs(ref[name] - htp[name]) / scale
-        print(f"{diff.max():8.4f} {diff.mean():8.5f}  max|cpu| {scale:10.3f}  {name.replace('_DequantizeLinear_Output', '')}")
+        label = name.replace("_DequantizeLinear_Output", "")
+        print(f"{diff.max():8.4f} {diff.mean():8.5f}  max|cpu| {scale:10.3f}  {label}")
 
 
 if __name__ == "__main__":
