@@ -21,7 +21,7 @@ from edge_spec.api import load_bundle
 from edge_spec.backend import Session
 from edge_spec.cli import main
 from edge_spec.errors import BundleError, ConfigError
-from edge_spec.exporters.qnn import export_bundle
+from edge_spec.exporters.qnn import export_bundle, with_headroom
 from edge_spec.generate import generate_plain
 from edge_spec.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes.qnn import open_session
@@ -168,6 +168,13 @@ def test_htp_logits_match_the_cpu_qdq_graphs_and_eager(llama):
     assert np.abs(a - b).max() <= 0.02 * scale
     assert np.abs(b - c).max() <= 0.15 * scale and np.abs(b - c).mean() <= 0.08 * np.abs(c).mean()
     assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9 and (b.argmax(-1) == c.argmax(-1)).mean() >= 0.9
+
+
+def test_the_outputs_ranges_get_headroom_about_their_middle():
+    """A logit above its calibrated maximum clips, and clipped top logits tie: the outputs' ranges are widened."""
+    ranges = {"logits": (-0.5, 1.5), "hidden": (-2.0, 2.0), "x": (0.0, 1.0)}
+    out = with_headroom(ranges, ("logits", "hidden", "absent"), 2.0)
+    assert out == {"logits": (-1.5, 2.5), "hidden": (-4.0, 4.0), "x": (0.0, 1.0)} and ranges["logits"] == (-0.5, 1.5)
 
 
 # ---- exactness --------------------------------------------------------------------------------------------------
