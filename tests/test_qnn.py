@@ -156,8 +156,9 @@ def test_linears_become_1x1_convolutions_with_the_same_outputs(tmp_path):
 # ---- numerics -------------------------------------------------------------------------------------------------
 def test_htp_logits_match_the_cpu_qdq_graphs_and_eager(llama):
     """HTP vs the same QDQ graphs on the CPU provider (the quantization is the same; only kernels differ), and the
-    QDQ graphs vs eager fp32 (the 16a8w quantization error: per-tensor 8-bit weights on tiny random weights,
-    measured 0.057 of the logits' scale at most, 0.046 on average, top-1 equal everywhere), bounds relative to the
+    QDQ graphs vs eager fp32 (the 16a8w quantization error on tiny random weights, measured 2026-12-02 with pad rows
+    that see the last real row's view and the outputs' headroom: 0.067 of the logits' scale at most, 0.053 of the
+    mean |logit| on average, top-1 equal everywhere; 0.267 at most without the headroom), bounds relative to the
     logits' scale."""
     _, target, _ = llama
     htp, cpu = load_bundle(llama[0], host_check=False), load_bundle(llama[0], provider="cpu", host_check=False)
