@@ -91,7 +91,7 @@ def pad_mask(mask: np.ndarray, t: int, n: int, s: int, s_f: int, floor: float = 
     out = np.full((1, 1, n, s_f + n), floor, dtype=np.float32)
     out[:, :, :t, :s] = np.maximum(mask[..., :s], floor)
     out[:, :, :t, s_f:s_f + t] = np.maximum(mask[..., s:], floor)
-    out[:, :, t:] = out[:, :, t - 1:t]  # pad rows: the last real row's view (see pad_rows_see_the_last_rows_view)
+    out[:, :, t:] = out[:, :, t - 1:t]  # pad rows: the last real row's view (module doc: why)
     return out
 
 
