@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from qnn_bundle_quality import passes  # logits of every position, in committed passes of max_pass
 from truncated import truncated_smollm2
 
 # variant -> get_qnn_qdq_config overrides, export_bundle keywords, recipe steps turned off ("conv": linears stay
@@ -79,18 +80,11 @@ def compare(folder: Path, bundle: Path, n_prompts: int, max_pass: int) -> dict:
     engine = load_bundle(bundle, provider="cpu", host_check=False)
     worst, means, agree, n = 0.0, [], 0, 0
 
-    def chunked(session, ids):  # logits of every position, in committed passes of max_pass (the longest graph)
-        out = []
-        for i in range(0, len(ids), max_pass):
-            out.append(session.forward(ids[i:i + max_pass]).logits)
-            session.commit(len(ids[i:i + max_pass]))
-        return np.concatenate(out)
-
     for p in read_prompts(DEFAULT_PROMPTS)[:n_prompts]:
         ids = engine.encode(p["prompt"], chat=p["chat"])[:48]
         engine.session.reset()
-        a = chunked(engine.session, ids)
-        b = chunked(Session(TorchBackend(target.model, engine.session.state.layout)), ids)
+        a = passes(engine.session, ids, max_pass)
+        b = passes(Session(TorchBackend(target.model, engine.session.state.layout)), ids, max_pass)
         scale = np.abs(b).max()
         worst = max(worst, float(np.abs(a - b).max() / scale))
         means.append(float(np.abs(a - b).mean() / scale))
@@ -105,7 +99,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["default"], choices=list(VARIANTS))
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-pass", type=int, default=3, help="longest pass exported (prefill chunk; 9 pads "
-                        "passes: lengths 1, 2, 3, 5, 9) and the pass length compared in")
+                        "passes: lengths 1, 2, 3, 9) and the pass length compared in")
     parser.add_argument("--no-compile", action="store_true", help="skip the context binaries (not used here)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="qnn-quality-"))
