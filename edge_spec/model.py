@@ -97,17 +97,20 @@ def attend(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, scale: flo
 def attend_concat(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, scale: float,
                   keep: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over cat(ks) / cat(vs) in 4-D tensors and the ops an accelerator compiler takes (MatMul, Concat,
-    Add, Softmax, Reshape, Transpose: no scatter, tile, expand or 5-D view): the QNN graphs' form.
+    Add, Mul, Softmax, Reshape, Transpose: no scatter, tile, expand or 5-D view): the QNN graphs' form.
 
     q: [1, H, T, D]; ks[i], vs[i]: [1, H_kv, S_i, D] (the cache, then the new rows); mask: [1, 1, T, sum S_i]
     additive -> [1, T, H * D]. Query rows are group-major per KV head (row g*T + t: query head g at step t), the
     mask repeated by concatenation. Masked entries must be finite and low enough that exp() of them is 0 against
-    the row's real scores (a quantized mask input has a calibrated range: edge_spec.qnn_htp.MASK_FLOOR). `keep`
-    [1, 1, T, sum S_i], 1 where the mask is 0 and 0 elsewhere (an input: exact 0 / 1 after quantization): masked
-    scores are zeroed before the mask is added and masked probabilities after the softmax, so what a masked slot
-    holds cannot reach a row (measured on the simulated HTP without it: masked keys and values leaked ~2e-3 into
-    visible rows' logits - its softmax leaves masked entries a small weight - so verify rows differed from decode
-    steps; a keep computed in the graph from the mask was not exact enough)."""
+    the row's real scores (a quantized mask input has a calibrated range: edge_spec.qnn_htp.MASK_FLOOR).
+    `keep` [1, 1, T, sum S_i], 1 where the mask is 0 and 0 elsewhere (an input: exact 0 / 1 after quantization)
+    makes what a masked slot holds unable to reach a row, whatever the kernels do with zeros: masked scores are
+    zeroed before the mask is added, masked probabilities after the softmax, and each row's values are multiplied
+    by its own keep before the value matmul (`masked_values`). Measured on the simulated HTP: without the keep,
+    masked keys and values leaked ~2e-3 into visible rows' logits (its softmax leaves masked entries a small
+    weight); with zero probabilities alone, masked values still leaked ~1.5e-3 through its P.V matmul (a verify
+    row's masked slots hold the pass's later rows, so verify rows differed from decode steps); a keep computed in
+    the graph from the mask was not exact enough."""
     b, h, t, d = q.shape
     h_kv = ks[0].shape[1]
     g = h // h_kv
@@ -118,11 +121,23 @@ def attend_concat(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, sca
     scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale
     if keep is None:
         probs = torch.softmax(scores + grouped, dim=-1)
-    else:  # masked scores := the mask's value and masked probabilities := 0, whatever masked keys / values hold
-        kept = torch.cat([keep] * g, dim=2) if g > 1 else keep
-        probs = torch.softmax(scores * kept + grouped, dim=-1) * kept
-    out = torch.matmul(probs, values)  # [1, H_kv, G*T, D]
-    return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
+        out = torch.matmul(probs, values)  # [1, H_kv, G*T, D]
+        return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
+    kept = torch.cat([keep] * g, dim=2) if g > 1 else keep
+    probs = torch.softmax(scores * kept + grouped, dim=-1) * kept  # [1, H_kv, G*T, S]
+    return masked_values(probs, values, keep, g)
+
+
+def masked_values(probs: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, g: int) -> torch.Tensor:
+    """P.V with each row's masked values zeroed: probs [1, H_kv, G*T, S] (group-major rows), values [1, H_kv, S, D],
+    keep [1, 1, T, S] -> [1, T, H * D]. A batched matmul per (KV head, step) over [H_kv, T, S, D] values: T times
+    the values' size (SmolLM2, 256 slots, a pass of 9: 0.9 MB per layer at 16 bits)."""
+    _, h_kv, rows, s = probs.shape
+    t, d = rows // g, values.shape[-1]
+    per_step = probs.reshape(h_kv, g, t, s).transpose(1, 2)  # [H_kv, T, G, S]
+    zeroed = values.reshape(h_kv, 1, s, d) * keep.reshape(1, t, s, 1)  # [H_kv, T, S, D]
+    out = torch.matmul(per_step, zeroed)  # [H_kv, T, G, D]
+    return out.transpose(0, 1).reshape(1, t, h_kv * g * d)  # heads in order kv * G + g
 
 
 def place_rows(cache: torch.Tensor, new: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

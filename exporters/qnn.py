@@ -26,8 +26,9 @@ inputs, places new rows into their slots by data movement and attends over the s
      from position 0 runs that row through it and the rest on the HTP, and step 3 calibrates the same way: the first
      token's massive activation (SmolLM2: 24,874 at position 0, under 700 elsewhere) never sets a 16-bit range.
 Masked attention entries are fed as MASK_FLOOR (edge_spec.qnn_htp), not -1e30: the mask input has a calibrated range.
-Measured on the simulated HTP (docs/android-qnn.md): the bundles run fully on it, but its attention kernel lets masked
-values reach visible rows, so the host check turns speculative decoding off there; the CPU provider's run is exact.
+Measured on the simulated HTP (docs/android-qnn.md): the bundles run fully on it, and verify rows are bit-identical to
+decode steps (masked values zeroed before P.V: `model.masked_values`; new rows in their cache's encoding:
+`cache_groups`), so speculative decoding runs there; the host check keeps checking it at load.
 Exporters import the core only, never runtimes.
 """
 
@@ -247,9 +248,15 @@ def with_headroom(ranges: dict[str, tuple[float, float]], names: tuple[str, ...]
 
 
 def cache_groups(proto: onnx.ModelProto) -> list[list[str]]:
-    """Per cache input (k_cache.l / v_cache.l): the input, its new rows output, and every tensor data movement makes
-    of them (Gather of the new rows into slots, the Where that places them, a Concat) - one range for all."""
+    """Per cache input (k_cache.l / v_cache.l): the input, its new rows output, the tensors the new rows are reshaped
+    from (back to the op that computes them), and every tensor data movement makes of them (Gather of the new rows
+    into slots, the Where that places them, a Concat) - one range for all.
+    Why the tensors upstream: QNN's config gives a Reshape / Transpose output its input's encoding, so without them
+    the new rows output kept the projection's own encoding (tiny llama: v_new.2 1.5193e-5 / 29730 vs v_cache.2
+    1.5263e-5 / 29892), the HTP requantized the new rows into the cache's encoding inside a pass (~16 steps off the
+    host's requantization of the same output a decode step reads back), and verify rows differed from decode steps."""
     outputs = {o.name for o in proto.graph.output}
+    producers = {o: n for n in proto.graph.node for o in n.output}
     movers = [n for n in proto.graph.node if n.op_type in ("Gather", "Where", "Concat", "Transpose", "Reshape")]
     groups = []
     for value in proto.graph.input:
@@ -258,6 +265,10 @@ def cache_groups(proto: onnx.ModelProto) -> list[list[str]]:
         layer = value.name.split(".", 1)[1]
         new = ("k_new." if value.name.startswith("k_") else "v_new.") + layer
         group = {value.name} | ({new} if new in outputs else set())
+        tensor = new  # back from the new rows to the op that computes them: the projection / RoPE output
+        while (node := producers.get(tensor)) is not None and node.op_type in ("Transpose", "Reshape"):
+            tensor = node.input[0]
+            group.add(tensor)
         while True:  # data movement closes over the group (Where: its value inputs, not the condition)
             more = {n.output[0] for n in movers if (n.input[1:] if n.op_type == "Where" else n.input[:1]) and
                     any(i in group for i in (n.input[1:] if n.op_type == "Where" else n.input[:1]))}
