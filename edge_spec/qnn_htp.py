@@ -63,6 +63,10 @@ def sink_file() -> str:  # position 0's pass on the host CPU: target_1's QDQ gra
     return f"{QNN_DIR}/target_sink.onnx"
 
 
+def weights_file() -> str:  # the QDQ graphs' and the sink's initializers, each distinct tensor once (external data)
+    return f"{QNN_DIR}/weights.data"
+
+
 def get_soc(name: str) -> Soc:
     if name not in SOCS:
         raise ConfigError(f"unknown Snapdragon SoC {name!r}",

@@ -35,6 +35,7 @@ Exporters import the core only, never runtimes.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import warnings
@@ -352,11 +353,49 @@ def float_twin(qdq: Path, out: Path) -> None:
     onnx.save(proto, str(out))
 
 
+# ---- 7. one copy of the weights -----------------------------------------------------------------------------
+SHARED_MIN_BYTES = 1024  # smaller initializers (scales, zero points, shapes) stay inside each graph
+SHARED_ALIGN = 64
+
+
+def share_weights(models: list[Path], data: Path) -> tuple[int, int]:
+    """Move the initializers of `models` (ONNX files in one folder) of >= SHARED_MIN_BYTES into the external data
+    file `data` next to them, each distinct tensor stored once (by content), every model pointing at it by offset.
+    The six target / drafter QDQ graphs and the sink hold the same 8-bit weights (per-channel scales come from the
+    weights alone), so the bundle stores them once instead of seven times. Returns (bytes before, bytes of `data`)."""
+    stored: dict[bytes, tuple[int, int]] = {}  # sha256 of the bytes -> (offset, length)
+    before = 0
+    with open(data, "wb") as out:
+        for path in models:
+            proto = onnx.load(str(path))
+            for tensor in proto.graph.initializer:
+                raw = tensor.raw_data or onnx.numpy_helper.to_array(tensor).tobytes()
+                if len(raw) < SHARED_MIN_BYTES:
+                    continue
+                before += len(raw)
+                key = hashlib.sha256(raw).digest()
+                if key not in stored:
+                    out.write(b"\0" * (-out.tell() % SHARED_ALIGN))
+                    stored[key] = (out.tell(), len(raw))
+                    out.write(raw)
+                offset, length = stored[key]
+                array = onnx.numpy_helper.to_array(tensor)
+                tensor.CopyFrom(onnx.numpy_helper.from_array(array, tensor.name))  # raw form, then external
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                for key_, value in (("location", data.name), ("offset", str(offset)), ("length", str(length))):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key_, value
+            onnx.save(proto, str(path))
+        size = out.tell()
+    return before, size
+
+
 # ---- the bundle -------------------------------------------------------------------------------------------
 def export_steps(with_drafter: bool) -> int:
     """How many times `export_bundle` calls `progress` with the default lengths (for a progress bar)."""
     n = len(pass_lengths(DEFAULT_MAX_DRAFT_LEN, max(kv.DEFAULT_MAX_PASS, DEFAULT_MAX_DRAFT_LEN + 1))) + with_drafter
-    return COMMON_STEPS + n + 1 + 2 * n + 1
+    return COMMON_STEPS + n + 1 + 2 * n + 1 + 1
 
 
 def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
@@ -431,6 +470,9 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool) -> tuple[di
     if host_sink:
         step("writing the host's float twin of the first pass")
         float_twin(job.tmp / qdq_file(target_graph(1)), job.tmp / qnn_htp.sink_file())
+    step("storing the weights once for the QDQ graphs")
+    share_weights([job.tmp / qdq_file(g) for g in fp32] + ([job.tmp / qnn_htp.sink_file()] if host_sink else []),
+                  job.tmp / qnn_htp.weights_file())
     for leftover in work.iterdir():
         leftover.unlink()
     work.rmdir()

@@ -101,6 +101,28 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
     assert {i.name: i.raw_data for i in sink.graph.initializer} == {i.name: i.raw_data for i in first.graph.initializer}
 
 
+def test_the_qdq_graphs_and_the_sink_store_their_weights_once(llama):
+    """Every initializer of >= 1 KB of the six QDQ graphs and the sink lives in qnn/weights.data, each distinct tensor
+    once (the target's weights were stored six times before); the graphs load it by offset (the CPU-provider and
+    host-sink tests run through them)."""
+    from edge_spec.exporters.qnn import SHARED_MIN_BYTES
+
+    files = [qnn_htp.qdq_file(g) for g in graph_files(llama[0])] + [qnn_htp.sink_file()]
+    data = llama[0] / qnn_htp.weights_file()
+    before = 0
+    for rel in files:
+        proto = onnx.load(str(llama[0] / rel), load_external_data=False)
+        for t in proto.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                where = {e.key: e.value for e in t.external_data}
+                assert where["location"] == data.name, (rel, t.name)
+                before += int(where["length"])
+            else:
+                assert len(t.raw_data) < SHARED_MIN_BYTES, (rel, t.name)
+    assert read_manifest(llama[0]).files[qnn_htp.weights_file()]["bytes"] == data.stat().st_size
+    assert 0 < data.stat().st_size < before / 4, (data.stat().st_size, before)
+
+
 def test_every_node_runs_on_the_htp(pair):
     """Both the QDQ graphs (compiled at load) and the context binaries open with CPU fallback disabled, and
     onnxruntime's assignment record puts every node on the QNN EP."""
@@ -437,7 +459,8 @@ def test_e2b_sized_drafter_quantizes_compiles_and_matches_the_cpu_qdq_graph(tmp_
     diff = max(abs(by_id[t] - v) for t, v in zip(cpu.token_ids[same].tolist(), cpu.logits[same].tolist()))
     assert diff <= 0.3 * ref  # measured 0.054 (per-tensor 8-bit weights, random tables)
     print(f"\nE2B-sized drafter ({n / 1e6:.1f}M params) + shallow target -> QNN 16a8w for SM8650: export {export_s:.0f} s, "
-          f"drafter QDQ {sizes['drafter.qdq.onnx']:.0f} MB / context binary {sizes['drafter.ctx.onnx']:.0f} MB, "
+          f"drafter QDQ graph {sizes['drafter.qdq.onnx']:.0f} MB / context binary {sizes['drafter.ctx.onnx']:.0f} MB, QDQ "
+          f"weights stored once {sizes['weights.data']:.0f} MB, "
           f"bundle {sum(sizes.values()):.0f} MB, draft step on the simulated HTP {times[0]:.2f} s vs CPU QDQ "
           f"{times[1]:.3f} s, HTP vs CPU logits {diff / ref:.2e} of their scale, peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
