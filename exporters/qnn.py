@@ -25,6 +25,10 @@ inputs, places new rows into their slots by data movement and attends over the s
   6. `qnn/target_sink.onnx` (`float_twin`): target_1's QDQ graph with float activations, for the host CPU. A pass
      from position 0 runs that row through it and the rest on the HTP, and step 3 calibrates the same way: the first
      token's massive activation (SmolLM2: 24,874 at position 0, under 700 elsewhere) never sets a 16-bit range.
+  7. `share_weights`: the QDQ graphs' and the sink's initializers go into one `qnn/weights.data` (external data),
+     each distinct tensor once. (The context binaries still hold one copy each: QNN's weight sharing across them,
+     `ep.share_ep_contexts` at compile, wrote one shared .bin, but loading any graph from it segfaulted on the
+     x86-64 simulator, with or without the option at load; docs/android-qnn.md.)
 Masked attention entries are fed as MASK_FLOOR (edge_spec.qnn_htp), not -1e30: the mask input has a calibrated range.
 Measured on the simulated HTP (docs/android-qnn.md): the bundles run fully on it, and verify rows are bit-identical to
 decode steps (masked values zeroed before P.V: `model.masked_values`; new rows in their cache's encoding:
