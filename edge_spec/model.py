@@ -108,7 +108,7 @@ def attend_concat(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, sca
     zeroed before the mask is added, masked probabilities after the softmax, and each row's values are multiplied
     by its own keep before the value matmul (`masked_values`). Measured on the simulated HTP: without the keep,
     masked keys and values leaked ~2e-3 into visible rows' logits (its softmax leaves masked entries a small
-    weight); with zero probabilities alone, masked values still leaked ~1.5e-3 through its P.V matmul (a verify
+    weight); with zero probabilities alone, masked values still leaked ~2e-3 through its P.V matmul (a verify
     row's masked slots hold the pass's later rows, so verify rows differed from decode steps); a keep computed in
     the graph from the mask was not exact enough."""
     b, h, t, d = q.shape

@@ -252,14 +252,15 @@ def with_headroom(ranges: dict[str, tuple[float, float]], names: tuple[str, ...]
     return out
 
 
-def cache_groups(proto: onnx.ModelProto) -> list[list[str]]:
+def cache_groups(proto: onnx.ModelProto, upstream: bool = True) -> list[list[str]]:
     """Per cache input (k_cache.l / v_cache.l): the input, its new rows output, the tensors the new rows are reshaped
     from (back to the op that computes them), and every tensor data movement makes of them (Gather of the new rows
     into slots, the Where that places them, a Concat) - one range for all.
     Why the tensors upstream: QNN's config gives a Reshape / Transpose output its input's encoding, so without them
     the new rows output kept the projection's own encoding (tiny llama: v_new.2 1.5193e-5 / 29730 vs v_cache.2
     1.5263e-5 / 29892), the HTP requantized the new rows into the cache's encoding inside a pass (~16 steps off the
-    host's requantization of the same output a decode step reads back), and verify rows differed from decode steps."""
+    host's requantization of the same output a decode step reads back), and verify rows differed from decode steps.
+    `upstream=False` leaves those tensors out (the earlier groups: scripts/qnn_exactness_variants.py measures both)."""
     outputs = {o.name for o in proto.graph.output}
     producers = {o: n for n in proto.graph.node for o in n.output}
     movers = [n for n in proto.graph.node if n.op_type in ("Gather", "Where", "Concat", "Transpose", "Reshape")]
@@ -271,7 +272,7 @@ def cache_groups(proto: onnx.ModelProto) -> list[list[str]]:
         new = ("k_new." if value.name.startswith("k_") else "v_new.") + layer
         group = {value.name} | ({new} if new in outputs else set())
         tensor = new  # back from the new rows to the op that computes them: the projection / RoPE output
-        while (node := producers.get(tensor)) is not None and node.op_type in ("Transpose", "Reshape"):
+        while upstream and (node := producers.get(tensor)) is not None and node.op_type in ("Transpose", "Reshape"):
             tensor = node.input[0]
             group.add(tensor)
         while True:  # data movement closes over the group (Where: its value inputs, not the condition)
