@@ -374,23 +374,23 @@ def share_weights(models: list[Path], data: Path) -> tuple[int, int]:
         for path in models:
             proto = onnx.load(str(path))
             for tensor in proto.graph.initializer:
-                raw = tensor.raw_data or onnx.numpy_helper.to_array(tensor).tobytes()
+                array = onnx.numpy_helper.to_array(tensor)
+                raw = array.tobytes()
                 if len(raw) < SHARED_MIN_BYTES:
                     continue
                 before += len(raw)
-                key = hashlib.sha256(raw).digest()
-                if key not in stored:
+                digest = hashlib.sha256(raw).digest()
+                if digest not in stored:
                     out.write(b"\0" * (-out.tell() % SHARED_ALIGN))
-                    stored[key] = (out.tell(), len(raw))
+                    stored[digest] = (out.tell(), len(raw))
                     out.write(raw)
-                offset, length = stored[key]
-                array = onnx.numpy_helper.to_array(tensor)
-                tensor.CopyFrom(onnx.numpy_helper.from_array(array, tensor.name))  # raw form, then external
+                offset, length = stored[digest]
+                tensor.CopyFrom(onnx.numpy_helper.from_array(array, tensor.name))  # typed fields -> raw_data only
                 tensor.ClearField("raw_data")
                 tensor.data_location = onnx.TensorProto.EXTERNAL
-                for key_, value in (("location", data.name), ("offset", str(offset)), ("length", str(length))):
+                for key, value in (("location", data.name), ("offset", str(offset)), ("length", str(length))):
                     entry = tensor.external_data.add()
-                    entry.key, entry.value = key_, value
+                    entry.key, entry.value = key, value
             onnx.save(proto, str(path))
         size = out.tell()
     return before, size
