@@ -28,7 +28,7 @@ from edge_spec.api import load_bundle  # noqa: E402
 from edge_spec.exporters import qnn  # noqa: E402
 from edge_spec.runtimes.qnn import open_session  # noqa: E402
 from tests.test_onnx import tiny_drafter  # noqa: E402
-from tests.test_qnn import SOC, masked_slot_feeds  # noqa: E402
+from tests.test_qnn import SOC, masked_slot_feeds, with_random_slots  # noqa: E402
 from tests.tiny import llama_config, save_reference  # noqa: E402
 
 
@@ -65,11 +65,8 @@ def run(name: str, work: Path) -> None:
     feeds = masked_slot_feeds(session)
     base = session.run(["logits"], feeds)[0][0]
     leaks = {}
-    for prefix in ("k_cache", "v_cache"):
-        changed = {k: v.copy() for k, v in feeds.items()}
-        for feed in changed:
-            if feed.startswith(prefix):
-                changed[feed][:, :, 11:] = np.random.default_rng(3).normal(0, 0.3, changed[feed][:, :, 11:].shape)
+    for prefix in ("k_cache", "v_cache"):  # slots 11.. are masked for every row of the pass
+        changed = with_random_slots(feeds, prefix, slice(11, None), seed=3)
         leaks[prefix] = float(np.abs(session.run(["logits"], changed)[0][0] - base).max())
     check = load_bundle(folder, host_check=False).check_host(cache=False)
     print(f"{name:18s} masked keys -> logits {leaks['k_cache']:.2e}, masked values -> logits {leaks['v_cache']:.2e}; "

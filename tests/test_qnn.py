@@ -290,17 +290,20 @@ def test_masked_keys_and_values_never_reach_a_row_on_the_htp(llama):
     feeds = masked_slot_feeds(session)
     base = session.run(["logits"], feeds)[0][0]
     for prefix in ("k_cache", "v_cache"):
-        changed = {k: v.copy() for k, v in feeds.items()}
-        for name in changed:
-            if name.startswith(prefix):
-                changed[name][:, :, 11:] = np.random.default_rng(3).normal(0, 0.3, changed[name][:, :, 11:].shape)
+        changed = with_random_slots(feeds, prefix, slice(11, None), seed=3)
         assert np.array_equal(base, session.run(["logits"], changed)[0][0]), prefix
     # the control: the same change in visible slots does reach the rows
-    visible = {k: v.copy() for k, v in feeds.items()}
-    for name in visible:
-        if name.startswith("v_cache"):
-            visible[name][:, :, 2:6] = np.random.default_rng(4).normal(0, 0.3, visible[name][:, :, 2:6].shape)
+    visible = with_random_slots(feeds, "v_cache", slice(2, 6), seed=4)
     assert not np.array_equal(base, session.run(["logits"], visible)[0][0])
+
+
+def with_random_slots(feeds, prefix, slots, seed):
+    """A copy of `feeds` whose `prefix` caches (k_cache / v_cache) hold random values in `slots` (a slice)."""
+    out = {k: v.copy() for k, v in feeds.items()}
+    for name in out:
+        if name.startswith(prefix):
+            out[name][:, :, slots] = np.random.default_rng(seed).normal(0, 0.3, out[name][:, :, slots].shape)
+    return out
 
 
 def masked_slot_feeds(session, start=6, t=5):
