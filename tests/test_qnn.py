@@ -425,7 +425,7 @@ def test_cli_export_and_generate(tiny_llama, llama, tmp_path, capsys):
 
 
 # ---- at real size ---------------------------------------------------------------------------------------------------
-def test_e2b_sized_drafter_quantizes_compiles_and_matches_the_cpu_qdq_graph(tmp_path):
+def test_e2b_sized_drafter_quantizes_compiles_and_matches_the_cpu_qdq_graph(e2b_pair, tmp_path):
     """The mission's drafter at its real size: a random Gemma-4 E2B-assistant-shaped drafter (hidden 256, 4 layers
     [3 sliding, 1 full], vocab 262144 in 2048 clusters, top 32: ~76M parameters) beside a shallow Gemma-4 target of
     the same vocabulary: 16a8w QDQ export, context binaries for the SM8650 (every node on the HTP), one draft step on
@@ -433,9 +433,8 @@ def test_e2b_sized_drafter_quantizes_compiles_and_matches_the_cpu_qdq_graph(tmp_
     import resource
     import time
 
-    from tests.tiny import e2b_pair
 
-    target, drafter = e2b_pair(tmp_path / "target")
+    target, drafter = e2b_pair
     n = sum(p.numel() for p in drafter.parameters())
     start = time.perf_counter()
     out = export_bundle(target, tmp_path / "bundle", drafter=drafter, max_context=64, max_draft_len=2, max_pass=3)
