@@ -36,9 +36,10 @@ demo: venv
 	    --peer onnxruntime-genai --require-exact
 
 # The fast tier (what CI runs, `.ci/run`): everything but the `real` marker, which tests/conftest.py sets from the
-# fixtures a test uses (a real checkpoint, an E2B-sized model, a full-size export). Its time: README "Tests".
+# fixtures a test uses (a real checkpoint, an E2B-sized model, a full-size export). One worker per core
+# (pytest-xdist), each test file on one worker (tests/conftest.py groups them) so its bundles are exported once.
 test: venv
-	$(BIN)/python -m pytest -q -m "not real" --durations=25
+	$(BIN)/python -m pytest -q -m "not real" -n auto --dist loadgroup --durations=25
 
 # The real-model tier: SmolLM2 through every format, the E2B-sized drafter, the transformers oracle. Run it
 # before resolving an issue that touches a format or a model. Its time: README "Tests".

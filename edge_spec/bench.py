@@ -12,13 +12,10 @@ a Markdown file and a PNG plot (tok/s vs k; acceptance by position).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
 import resource
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError
+from .peers.times import SETTLE_S
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "assets" / "prompts" / "bench.jsonl"
 
@@ -195,214 +193,23 @@ def _row(engine, plain: Tally, spec: Tally, *, k: int, adaptive: bool, temperatu
     return row
 
 
-# ---- peers ---------------------------------------------------------------------------------------------
-def _require_llama_cpp() -> None:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as err:
-        raise ConfigError("--peer llama.cpp needs llama-cpp-python",
-                          "pip install llama-cpp-python (builds llama.cpp from source, ~15 min on 2 cores)") from err
+def summary(rows: list[dict], peers: list[dict]) -> str:
+    """The run in one line: our best speculative configuration against our plain decode and each peer's plain decode
+    (all from this run). Greedy rows only: sampled rows are not compared with greedy peers."""
+    greedy = [r for r in rows if r["temperature"] == 0 and r["spec_tok_s"]]
+    if not greedy:
+        return "no greedy speculative configuration was measured"
+    best = max(greedy, key=lambda r: r["spec_tok_s"])
+    plain = float(np.mean([r["plain_tok_s"] for r in greedy]))
+    line = (f"best speculative: {best['spec_tok_s']:.1f} tok/s (k = {best['k']}, tau {_fmt(best['tau'], '.2f')}) = "
+            f"{best['spec_tok_s'] / plain:.2f}x our plain {plain:.1f} tok/s")
+    for p in peers:
+        if p.get("tok_s"):
+            line += (f"; {p['peer']} {p['precision']} plain {p['tok_s']:.1f} tok/s "
+                     f"(ours {best['spec_tok_s'] / p['tok_s']:.2f}x it)")
+    return line
 
 
-SETTLE_S = 0.2  # pause when switching between our engine and a peer: both spin-wait idle threads for a while
-
-
-class _PeerTimes:
-    """Decode-time bookkeeping shared by the peers: first-token latency and decode tok/s after the first token."""
-
-    def __init__(self, threads: int | None):
-        self.threads = threads or os.cpu_count()
-        self.tokens, self.decode_s, self.first = 0, 0.0, []
-
-    def record(self, n: int, start: float, t_first: float, end: float) -> None:
-        self.first.append(t_first - start)
-        self.tokens += n - 1
-        self.decode_s += end - t_first
-
-    def timing(self) -> dict:
-        return {"tok_s": self.tokens / self.decode_s if self.decode_s else 0.0,
-                "first_token_ms": 1000 * float(np.mean(self.first)) if self.first else None,
-                "threads": self.threads, "tokens": self.tokens, "interleaved": True}
-
-
-class LlamaCppPeer(_PeerTimes):
-    """Plain greedy decode of a GGUF through llama-cpp-python, on the same prompt token ids and token budget.
-
-    `measure` runs it right after our plain run of each prompt, so both see the same machine state (this
-    machine's speed drifts by 20-40% over minutes). `extra_bufts`: llama.cpp's extra CPU buffer types
-    (AMX tiles, repacked quant layouts). Off by default: with them, llama-cpp-python 0.3.36 built here
-    segfaults on quantized models on this AMX CPU (f32 runs)."""
-
-    def __init__(self, gguf: Path, *, threads: int | None, label: str | None = None, extra_bufts: bool = False):
-        _require_llama_cpp()
-        from llama_cpp import Llama
-        import llama_cpp.llama_cpp as lowlevel
-
-        if not Path(gguf).is_file():
-            raise ConfigError(f"GGUF file {gguf} does not exist", "pass --peer-gguf PATH")
-        super().__init__(threads)
-        self.gguf, self.label, self.extra_bufts = Path(gguf), label, extra_bufts
-        defaults = lowlevel.llama_model_default_params
-
-        def params():
-            p = defaults()
-            p.use_extra_bufts = extra_bufts
-            return p
-
-        lowlevel.llama_model_default_params = params  # Llama() takes its model params from here
-        try:
-            self.llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=self.threads, n_threads_batch=self.threads,
-                             verbose=False)
-        finally:
-            lowlevel.llama_model_default_params = defaults
-
-    def warm_up(self, ids: list[int]) -> None:
-        self.llm.generate(ids[:8], temp=0.0).__next__()
-
-    def run(self, ids: list[int], max_new_tokens: int) -> None:
-        stop = self.llm.token_eos()
-        self.llm.reset()
-        start = time.perf_counter()
-        n, t_first = 0, None
-        for tok in self.llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            n += 1
-            if t_first is None:
-                t_first = time.perf_counter()
-            if tok == stop or n >= max_new_tokens:
-                break
-        self.record(n, start, t_first, time.perf_counter())
-
-    def result(self) -> dict:
-        return {"peer": "llama.cpp", "model": self.gguf.name, "precision": self.label or _gguf_type(self.gguf),
-                **self.timing(), "extra_bufts": self.extra_bufts,
-                "llama_cpp_python": __import__("llama_cpp").__version__}
-
-
-PEER_FTYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-               "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1"}
-
-
-def peer_gguf(source: Path, kind: str, cache: Path) -> Path:
-    """`source` re-encoded as `kind` by llama.cpp's own quantizer (cached). SmolLM2's only GGUF is Q4_1, so
-    f32 / q8_0 / q4_0 peers hold exactly the weights our bundles are exported from (Q4_1 dequantized)."""
-    import ctypes
-    import llama_cpp
-
-    if _gguf_type(source) == kind:
-        return source
-    if kind not in PEER_FTYPES:
-        raise ConfigError(f"unknown peer quantization {kind!r}", f"choose from {', '.join(PEER_FTYPES)}")
-    out = cache / f"{source.stem}.as-{kind.upper()}.gguf"
-    if out.is_file():
-        return out
-    cache.mkdir(parents=True, exist_ok=True)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, PEER_FTYPES[kind])
-    params.allow_requantize = True  # the source is already quantized: llama.cpp dequantizes, then encodes
-    params.pure = True  # one type for every tensor (no k-quant mixtures)
-    params.nthread = os.cpu_count() or 1
-    tmp = out.with_suffix(".tmp")
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
-        tmp.unlink(missing_ok=True)
-        raise ConfigError(f"llama.cpp could not re-encode {source.name} as {kind}", "pass --peer-gguf PATH instead")
-    tmp.replace(out)
-    return out
-
-
-GENAI_PRECISIONS = ("fp32", "int8", "int4")  # onnxruntime-genai model builder precisions on the CPU provider
-
-
-def _require_genai():
-    try:
-        import onnxruntime_genai
-    except ImportError as err:
-        raise ConfigError("--peer onnxruntime-genai needs onnxruntime-genai",
-                          "pip install onnxruntime-genai (use --no-deps to keep this onnxruntime)") from err
-    return onnxruntime_genai
-
-
-def genai_model(source: Path, precision: str, cache: Path) -> Path:
-    """onnxruntime-genai's own ONNX model of the checkpoint folder `source` (config.json + safetensors), built
-    by its model builder for the CPU provider and cached (written to a temp folder, then renamed)."""
-    og = _require_genai()
-    if precision not in GENAI_PRECISIONS:
-        raise ConfigError(f"unknown onnxruntime-genai precision {precision!r}",
-                          f"choose from {', '.join(GENAI_PRECISIONS)}")
-    if not (Path(source) / "config.json").is_file():
-        raise ConfigError(f"{source} is not a checkpoint folder (no config.json)",
-                          "the genai peer is built from the target's Hugging Face folder: pass --model FOLDER")
-    out = cache / f"genai-{og.__version__}-{Path(source).name}-{precision}"
-    if (out / "genai_config.json").is_file():
-        return out
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(tmp / "model"),
-           "-p", precision, "-e", "cpu", "-c", str(tmp / "hf-cache")]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0 or not (tmp / "model" / "genai_config.json").is_file():
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ConfigError(f"onnxruntime-genai's model builder failed on {source} ({precision}): "
-                          f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no output'}",
-                          "check that the folder is a supported Llama/Gemma checkpoint")
-    (tmp / "model").rename(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-class OrtGenaiPeer(_PeerTimes):
-    """Plain greedy decode through onnxruntime-genai with the model its own builder made of the same checkpoint
-    (fused GroupQueryAttention / RotaryEmbedding / SkipSimplifiedLayerNorm graph; its int4 is symmetric with a
-    4-bit head, so its tokens can differ from ours). Same prompt ids, budget and interleaving as LlamaCppPeer."""
-
-    def __init__(self, model_dir: Path, *, threads: int | None, precision: str):
-        og = _require_genai()
-        super().__init__(threads)
-        self.model_dir, self.precision = Path(model_dir), precision
-        config = og.Config(str(model_dir))
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": self.threads, "inter_op_num_threads": 1}}}}))
-        self.og, self.model = og, og.Model(config)
-        self.outputs = []
-
-    def _generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], float, float, float]:
-        params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=False)
-        gen = self.og.Generator(self.model, params)
-        start = time.perf_counter()
-        gen.append_tokens(np.asarray(ids, dtype=np.int32))
-        out, t_first = [], None
-        while not gen.is_done() and len(out) < max_new_tokens:
-            gen.generate_next_token()
-            out.append(int(gen.get_next_tokens()[0]))
-            if t_first is None:
-                t_first = time.perf_counter()
-        return out, start, t_first, time.perf_counter()
-
-    def warm_up(self, ids: list[int]) -> None:
-        self._generate(ids[:8], 2)
-
-    def run(self, ids: list[int], max_new_tokens: int) -> None:
-        out, start, t_first, end = self._generate(ids, max_new_tokens)
-        self.outputs.append(out)
-        self.record(len(out), start, t_first, end)
-
-    def result(self) -> dict:
-        return {"peer": "onnxruntime-genai", "model": self.model_dir.name, "precision": self.precision,
-                **self.timing(), "onnxruntime_genai": self.og.__version__}
-
-
-def _gguf_type(path: Path) -> str:
-    name = Path(path).stem.lower()
-    if ".as-" in name:
-        return name.rsplit(".as-", 1)[1]
-    for tag in ("q4_0", "q4_1", "q4_k_m", "q5_0", "q5_1", "q8_0", "f16", "bf16", "f32"):
-        if tag in name:
-            return tag
-    return "gguf"
-
-
-# ---- reporting -----------------------------------------------------------------------------------------
 def _fmt(x, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -483,24 +290,9 @@ def machine() -> str:
     return f"{cpu_identity()}, {os.cpu_count()} cores, {platform.system()}"
 
 
-def _target_folder(engine) -> Path:
-    """The target's checkpoint folder: the bundle's recorded source, or the loaded checkpoint's folder."""
-    folder = engine.manifest.target.source if engine.manifest else getattr(engine.loaded, "folder", None)
-    if not folder or not Path(folder).is_dir():
-        raise ConfigError(f"the target's checkpoint folder {folder!r} is not on this machine",
-                          "--peer onnxruntime-genai builds its model from it: run on the machine that exported "
-                          "the bundle, or use --model FOLDER")
-    return Path(folder)
-
-
-def _genai_default(engine) -> str:
-    precision = engine.manifest.precision if engine.manifest else "fp32"
-    return precision if precision in GENAI_PRECISIONS else "fp32"
-
-
 def main(args) -> int:
     from .api import load
-    from .gguf_import import cache_root, find_smollm2_gguf
+    from .peers import from_args as peers_from_args
     from .train.evaluate import read_prompts
 
     if not args.spec_k or any(k < 1 for k in args.spec_k):
@@ -513,30 +305,7 @@ def main(args) -> int:
     engine = load(args.model or "smollm2-135m", drafter=args.drafter if args.bundle is None else None,
                   runtime=args.runtime, threads=args.threads, bundle=args.bundle, provider=args.provider,
                   spin=not args.no_spin, compute_units=args.compute_units)
-    gguf = None
-    if "llama.cpp" in (args.peer or []):  # fail before the long measurement, not after it
-        _require_llama_cpp()
-        gguf = [Path(p) for p in args.peer_gguf or []]
-        for p in gguf:
-            if not p.is_file():
-                raise ConfigError(f"GGUF file {p} does not exist", "pass existing files to --peer-gguf")
-        if args.peer_quant or not gguf:
-            source = find_smollm2_gguf()
-            gguf += [peer_gguf(source, kind, cache_root() / "peers") for kind in args.peer_quant or ["q4_1"]]
-    runners = [LlamaCppPeer(path, threads=args.threads) for path in gguf or []]
-    if "onnxruntime-genai" in (args.peer or []):
-        source = _target_folder(engine)
-        precisions = args.genai_precision or [_genai_default(engine)]
-        runners += [OrtGenaiPeer(genai_model(source, p, cache_root() / "peers"), threads=args.threads, precision=p)
-                    for p in precisions]
-    if "executorch" in (args.peer or []):
-        from .peer_executorch import ET_PRECISIONS, ExecutorchRunnerPeer, et_runner_model
-
-        source = _target_folder(engine)
-        decode = functools.partial(engine.tokenizer.decode, skip_special=False)
-        runners += [ExecutorchRunnerPeer(et_runner_model(source, p, cache_root() / "peers"), source / "tokenizer.json",
-                                         decode, threads=args.threads, precision=p)
-                    for p in args.et_precision or ET_PRECISIONS[:1]]
+    runners = peers_from_args(args, engine)
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners, lookup=args.lookup)
     peers = [r.result() for r in runners]
@@ -561,6 +330,7 @@ def main(args) -> int:
               f"({r['greedy_exact_prompts']}/{r['prompts']} prompts identical)", file=sys.stderr)
     if engine.exactness is not None and not engine.exactness.exact:
         print(f"warning: {engine.exactness.summary()}", file=sys.stderr)
+    print(summary(rows, peers))
     if args.require_exact and (inexact or (engine.exactness is not None and not engine.exactness.exact)):
         print("error: greedy exactness did not hold on this host (--require-exact)", file=sys.stderr)
         return 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench import GENAI_PRECISIONS
 from .errors import EdgeSpecError
 from .formats import FORMATS, PRECISIONS, RUNTIMES
 
@@ -116,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--nodes", action="store_true",
                        help="onnx bundles: also compare every node's output between a one-token step and row 0 of a "
                             "verify pass and list where they first differ (a diagnostic; ~2x the graph's memory)")
+    from .peers import add_arguments as add_peer_arguments
+
     bench = sub.add_parser("bench", help="measure plain vs speculative decoding (+ peers): Markdown, JSON, plot")
     _add_model(bench)
     bench.add_argument("--drafter", default=None, help="with --model: 'builtin' or a drafter folder")
@@ -127,20 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--adaptive", action="store_true", help="also measure adaptive k (max = largest --spec-k)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=1, help="passes over the prompts (default 1)")
-    bench.add_argument("--peer", action="append", choices=["llama.cpp", "onnxruntime-genai", "executorch"],
-                       help="also time a peer's plain decode of the same model (llama.cpp: llama-cpp-python; "
-                            "onnxruntime-genai: its model builder's graph of the target's checkpoint folder; "
-                            "executorch: ExecuTorch's own Llama export of that folder run by its TextLLMRunner); "
-                            "repeatable")
-    bench.add_argument("--et-precision", nargs="+", default=None, choices=["fp32"],
-                       help="--peer executorch precisions (fp32 only: ExecuTorch 1.5.1's export_llama fails on 8da4w "
-                            "with this torch / torchao, docs/benchmarks.md)")
-    bench.add_argument("--genai-precision", nargs="+", default=None, choices=list(GENAI_PRECISIONS),
-                       help="--peer onnxruntime-genai model precisions (default: the bundle's, fp32 for fp16)")
-    bench.add_argument("--peer-gguf", nargs="+", default=None, help="GGUF files for --peer llama.cpp")
-    bench.add_argument("--peer-quant", nargs="+", default=None, choices=["f32", "q8_0", "q4_0", "q4_1"],
-                       help="--peer llama.cpp on the built-in SmolLM2 GGUF (Q4_1) re-encoded by llama.cpp as these "
-                            "types (default q4_1: the file itself)")
+    add_peer_arguments(bench)
     bench.add_argument("--no-lookup", dest="lookup", action="store_false",
                        help="speculative configurations draft with the MTP drafter only (default: retrieval first)")
     bench.add_argument("--require-exact", action="store_true",
@@ -253,6 +241,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_prompt(arg: str, stdin=None) -> str:
+    """The prompt text from `--prompt` ('-': stdin's bytes), strictly UTF-8: invalid bytes are refused before any
+    model loads (argv carries them as surrogate escapes, stdin as raw bytes)."""
+    from .errors import ConfigError
+
+    if arg == "-":
+        data = (stdin or sys.stdin.buffer).read()
+        where = "stdin"
+    else:
+        data = arg.encode("utf-8", "surrogateescape")
+        where = "--prompt"
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"the prompt on {where} is not valid UTF-8 (byte {err.start}: {data[err.start:err.start + 4]!r})",
+                          "pass UTF-8 text, e.g. convert it with `iconv -t UTF-8`") from None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from .api import load
     from .errors import ConfigError
@@ -262,7 +268,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.bundle is not None and (args.model is not None or args.drafter is not None):
         raise ConfigError("--bundle cannot be combined with --model or --drafter (a bundle brings its own)",
                           "drop --model/--drafter, or drop --bundle to run a checkpoint")
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = read_prompt(args.prompt)
     engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime,
                   max_context=args.max_context, threads=args.threads, bundle=args.bundle, provider=args.provider,
                   spin=not args.no_spin, compute_units=args.compute_units)

@@ -37,7 +37,6 @@ from .backend import Session
 from .kv import SLIDING
 
 PROBE_VERSION = 1
-ROW_MODES = {1: "one-row", 2: "two-row"}  # Session.min_rows -> name
 # x86 / arm features that select different kernels in onnxruntime (MLAS), XNNPACK and torch
 _KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
                  "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "asimd", "asimddp", "i8mm", "sve", "sme")

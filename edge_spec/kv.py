@@ -87,7 +87,6 @@ def mask_cols_dim(kind: str) -> str:
 # ---- layout ------------------------------------------------------------------------------------
 BINDING_IO = "io"  # caches are graph inputs; the runtime writes committed rows (write-after-verify)
 BINDING_STATE = "state"  # caches live in the program; a forward writes all its rows at their slots, rejected included
-BINDINGS = (BINDING_IO, BINDING_STATE)
 
 
 @dataclass(frozen=True)

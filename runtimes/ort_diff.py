@@ -26,7 +26,6 @@ from edge_spec.kv import KVLayout, KVState
 
 _FLOAT_OPS = {"MatMul", "MatMulNBits", "FusedMatMul", "Gemm", "Softmax", "Add", "Mul", "Sub", "Div", "Sqrt",
               "Sigmoid", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "RotaryEmbedding"}
-_ELEM = {"float32": 1, "int64": 7}
 
 
 class NodeDiff(NamedTuple):

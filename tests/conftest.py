@@ -17,14 +17,22 @@ REAL_FIXTURES = frozenset({
     "reference_tokenizer", "our_tokenizer", "smollm2_plain",  # built from it
     "smollm2_bundle", "smollm2_pte", "smollm2_package",  # full-size exports
     "e2b_pair",  # the E2B-sized drafter (~75M parameters) and its shallow 262k-vocab target
+    "gemma3_gguf",  # the real gemma-3-270m (and everything built from it)
 })
+
+# pytest-xdist (`make test`: --dist loadgroup): each test file runs on one worker, so its module-scoped exports are
+# made once; files that share the session's tiny .pte bundles (below) run on the same worker.
+SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_native.py": "tiny-pte", "test_android_bridge.py": "tiny-pte"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test that uses a real fixture `real`; tiers follow from the fixtures, not from labels."""
+    """Mark every test that uses a real fixture `real` (tiers follow from the fixtures, not from labels), and
+    group tests by file for pytest-xdist."""
     for item in items:
         if REAL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real)
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, name)))
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +45,43 @@ def tiny_llama(tmp_path_factory):
 def tiny_gemma4(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-gemma4")
     return folder, save_reference(gemma4_config(), folder)
+
+
+# ---- tiny ExecuTorch bundles, exported once per session (the Python runtime's, the native runner's, the apps' tests)
+def _tiny_pte(folder, tmp_path_factory, name: str, **export_args):
+    """(bundle folder, target, drafter) as tests/test_onnx.tiny_drafter builds the drafter (seeded)."""
+    from edge_spec import checkpoints
+    from edge_spec.exporters.executorch import export_bundle
+    from tests.test_onnx import tiny_drafter
+
+    target = checkpoints.load(str(folder))
+    drafter = tiny_drafter(target.config, **export_args.pop("drafter_args"))
+    out = export_bundle(target, tmp_path_factory.mktemp("tiny-pte") / name, drafter=drafter, **export_args)
+    return out, target, drafter
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_pte_pair(tiny_llama, tmp_path_factory):
+    """Tiny llama + a clustered drafter scoring with the target's (tied) table, as one .pte."""
+    return _tiny_pte(tiny_llama[0], tmp_path_factory, "llama", drafter_args=dict(head_from="target"), max_context=160)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_pte_pair(tiny_gemma4, tmp_path_factory):
+    """Tiny Gemma-4 (sliding rings of 6 + 9 = 15 slots, KV sharing, per-layer inputs, tanh GELU) + a dense-head
+    drafter, as one .pte."""
+    return _tiny_pte(tiny_gemma4[0], tmp_path_factory, "gemma", drafter_args=dict(clustered=False), max_context=96,
+                     max_pass=9)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_pte(tiny_llama_pte_pair):
+    return tiny_llama_pte_pair[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_pte(tiny_gemma4_pte_pair):
+    return tiny_gemma4_pte_pair[0]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from edge_spec import checkpoints
 from edge_spec.api import load_bundle
-from edge_spec.bench import Tally, markdown, measure
+from edge_spec.bench import Tally, markdown, measure, summary
 from edge_spec.cli import main
 from edge_spec.drafter import new_drafter
 from edge_spec.errors import ConfigError
@@ -125,6 +125,16 @@ def test_tally_split_and_markdown_arithmetic():
     assert "| llama.cpp | x.gguf | q8_0 | 80.0 | 9 |" in md
 
 
+def test_summary_names_the_best_speculative_run_and_each_peer():
+    rows = [{"temperature": 0.0, "k": 1, "tau": 1.5, "plain_tok_s": 40.0, "spec_tok_s": 50.0},
+            {"temperature": 0.0, "k": 2, "tau": 2.0, "plain_tok_s": 60.0, "spec_tok_s": 75.0},
+            {"temperature": 0.7, "k": 2, "tau": 1.2, "plain_tok_s": 50.0, "spec_tok_s": 90.0}]  # sampled: not compared
+    line = summary(rows, [{"peer": "onnxruntime-genai", "precision": "int4", "tok_s": 100.0}])
+    assert line == ("best speculative: 75.0 tok/s (k = 2, tau 2.00) = 1.50x our plain 50.0 tok/s; "
+                    "onnxruntime-genai int4 plain 100.0 tok/s (ours 0.75x it)")
+    assert summary(rows[2:], []) == "no greedy speculative configuration was measured"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--spec-k", "0"], "--spec-k values must be >= 1"),
     (["--repeats", "0"], "--repeats must be >= 1"),
@@ -162,7 +172,7 @@ def test_bench_needs_a_drafter_and_names_missing_peer(bundles, monkeypatch, caps
 def test_onnxruntime_genai_peer_decodes_the_same_model(bundles, tiny_llama, tmp_path, monkeypatch, capsys):
     """The genai peer is built by onnxruntime-genai's own builder from the target's checkpoint folder: in fp32 it
     must produce our plain greedy tokens (same weights), and it reports through --json like llama.cpp."""
-    from edge_spec.bench import OrtGenaiPeer, genai_model
+    from edge_spec.peers.genai import OrtGenaiPeer, genai_model
 
     bundle, _, prompts = bundles
     monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path / "cache"))

@@ -153,3 +153,28 @@ def test_bad_spec_k_and_mismatched_drafter(folder, drafter_folder, tiny_gemma4, 
     assert code == 2 and "drafter does not match the target" in err
     code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "w5", "--drafter", "builtin")
     assert code == 2 and "no built-in drafter" in err
+
+
+@pytest.mark.parametrize("source", ["stdin", "argv"])
+def test_invalid_utf8_prompt_is_refused_before_loading(source, capsys, monkeypatch):
+    """Bytes that are not UTF-8 get `error:` + `fix:` and exit 2, from stdin and from argv (surrogate escapes)."""
+    import io
+    import sys
+
+    bad = b"ab\xff\xfe"
+    if source == "stdin":
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bad)))
+        prompt = "-"
+    else:
+        prompt = bad.decode("utf-8", "surrogateescape")
+    code, _, err = run_cli(capsys, "--model", "/does/not/exist", "--prompt", prompt)
+    assert code == 2 and "not valid UTF-8" in err and "fix:" in err and "Traceback" not in err
+
+
+def test_utf8_prompt_from_stdin_is_read_as_text(folder, capsys, monkeypatch):
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("w5 w6 é".encode())))
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "-", "--max-new-tokens", "2")
+    assert code == 0 and "prompt 3 tok" in err

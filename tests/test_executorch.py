@@ -27,22 +27,15 @@ GREEDY = SamplingParams()
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_llama, tmp_path_factory):
-    """Tiny llama + a clustered drafter scoring with the target's (tied) table."""
-    target = checkpoints.load(str(tiny_llama[0]))
-    drafter = tiny_drafter(target.config, head_from="target")
-    folder = export_bundle(target, tmp_path_factory.mktemp("et") / "llama", drafter=drafter, max_context=160)
-    return folder, target, drafter
+def llama(tiny_llama_pte_pair):
+    """Tiny llama + a clustered drafter scoring with the target's (tied) table (tests/conftest.py, shared)."""
+    return tiny_llama_pte_pair
 
 
 @pytest.fixture(scope="module")
-def gemma(tiny_gemma4, tmp_path_factory):
-    """Tiny Gemma-4 (sliding rings, KV sharing, per-layer inputs, tanh GELU) + a dense-head drafter."""
-    target = checkpoints.load(str(tiny_gemma4[0]))
-    drafter = tiny_drafter(target.config, clustered=False)
-    folder = export_bundle(target, tmp_path_factory.mktemp("et") / "gemma", drafter=drafter, max_context=96,
-                           max_pass=9)  # rings of 6 + 9 = 15 slots: wrapped many times below
-    return folder, target, drafter
+def gemma(tiny_gemma4_pte_pair):
+    """Tiny Gemma-4 (sliding rings of 6 + 9 = 15 slots, KV sharing) + a dense-head drafter (tests/conftest.py)."""
+    return tiny_gemma4_pte_pair
 
 
 @pytest.fixture(params=["llama", "gemma"])

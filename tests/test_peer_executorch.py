@@ -1,4 +1,4 @@
-"""`bench --peer executorch`: the checkpoint as ExecuTorch's own Llama exporter sees it (edge_spec/peer_executorch.py).
+"""`bench --peer executorch`: the checkpoint as ExecuTorch's own Llama exporter sees it (peers/executorch_runner.py).
 
 The peer is only a fair comparison if it decodes the same model: the renamed weights are loaded into ExecuTorch's own
 Llama Transformer (executorch.examples.models.llama, shipped in the wheel) and its logits compared with ours.
@@ -14,7 +14,7 @@ from edge_spec import checkpoints
 from edge_spec.backend import Session
 from edge_spec.config import kv_layout
 from edge_spec.errors import ConfigError
-from edge_spec.peer_executorch import et_params, meta_checkpoint, meta_name
+from edge_spec.peers.executorch_runner import et_params, meta_checkpoint, meta_name
 from edge_spec.runtimes.torch import TorchBackend
 from tests.parity import prompt_ids
 

@@ -129,6 +129,18 @@ class ScriptedDrafter:
 PROMPTS = [("Write a haiku about the sea.", True), ("import numpy as np\n\ndef softmax(x):\n", False)]
 
 
+EAGER_TIE = 1e-3  # eager torch's verify rows differ from its decode steps by ~5e-5 in SmolLM2's logits (README)
+
+
+def plain_margins(session: Session, ids: list[int], tokens: list[int]) -> np.ndarray:
+    """Top-1 minus top-2 logit at each plain greedy step, from one pass over prompt + output: [len(tokens)]."""
+    session.reset()
+    logits = session.forward(ids + tokens[:-1]).logits[len(ids) - 1:]  # [n, V]: the rows that chose `tokens`
+    session.reset()
+    top2 = np.sort(logits, axis=-1)[:, -2:]
+    return top2[:, 1] - top2[:, 0]
+
+
 @pytest.fixture(scope="module")
 def smollm2_plain(smollm2):
     backend = TorchBackend(smollm2.model, kv_layout(smollm2.config, 512))
@@ -143,16 +155,24 @@ def smollm2_plain(smollm2):
 
 @pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
-def test_smollm2_speculative_greedy_equals_plain_greedy(smollm2, smollm2_plain, k, adaptive):
+def test_smollm2_eager_speculative_follows_plain_until_a_near_tie(smollm2, smollm2_plain, k, adaptive):
+    """What eager torch guarantees: its GEMMs block rows by their count, so a verify row is not bit-identical to a
+    decode step (the host check turns speculation off on it). Its speculative loop must still emit plain greedy's
+    tokens wherever plain's top-2 margin is larger than that noise: equal up to the first near-tie (margin <
+    EAGER_TIE), and the loop's own bookkeeping (rejections, rewinds) must not change anything before it."""
     backend, session, plain = smollm2_plain
     drafter = new_drafter(smollm2.config, seed=k, hidden_size=128, num_layers=2, intermediate_size=256,
                           num_centroids=1024, top_k_clusters=8)
     runner = TorchDrafter(drafter, backend, check_pair(smollm2.config, drafter.cfg))
     for prompt, (ids, expected) in plain.items():
+        margins = plain_margins(session, ids, expected)
+        ties = np.flatnonzero(margins < EAGER_TIE)
+        sure = int(ties[0]) if ties.size else len(expected)  # tokens before the first near-tie
+        assert sure >= 8, f"{prompt!r}: plain greedy has a near-tie at step {sure}; pick a prompt without one"
         out = generate_speculative(session, runner, ids, max_new_tokens=32, params=SamplingParams(),
                                    rng=np.random.default_rng(0), stop_ids=frozenset(), k=k,
                                    vocab_size=smollm2.config.vocab_size, adaptive=adaptive, min_confidence=0.05)
-        assert out.tokens == expected, prompt
+        assert out.tokens[:sure] == expected[:sure], prompt
 
 
 @pytest.mark.parametrize("k", [2, 5])
@@ -164,7 +184,9 @@ def test_smollm2_exact_when_drafts_are_mostly_right(smollm2, smollm2_plain, k):
                                    rng=np.random.default_rng(0), stop_ids=frozenset(), k=k,
                                    vocab_size=smollm2.config.vocab_size)
         stats = out.extra["spec"]
-        assert out.tokens == expected, prompt
+        ties = np.flatnonzero(plain_margins(session, ids, expected) < EAGER_TIE)  # eager: see the test above
+        sure = int(ties[0]) if ties.size else len(expected)
+        assert out.tokens[:sure] == expected[:sure], prompt
         assert stats.accepted.sum() > 0 and stats.accepted.sum() < stats.drafted.sum()  # both paths ran
         assert stats.tau > 1.5
 

@@ -189,6 +189,8 @@ def test_eval_drafter_cli_writes_tau_and_acceptance(tiny_llama, tmp_path, capsys
     assert len(rows) == 4 and {r["k"] for r in rows} == {1, 2}
     for r in rows:
         assert r["tau"] >= 1.0 and len(r["acceptance_by_position"]) == r["k"] and "docs" in r["by_kind"]
+        assert r["prompts"] == 2 and r["by_kind"]["docs"]["prompts"] == 1  # the kind-less row counts once
+        assert set(r["by_kind"]) == {"docs"}
     code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder), "--prompts", str(prompts),
                  "--max-new-tokens", "12", "--spec-k", "2", "--teacher-forced", "--json", str(out)])
     assert code == 0 and "teacher-forced [" in capsys.readouterr().out

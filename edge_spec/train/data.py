@@ -130,15 +130,3 @@ def prefix(text: str, chars: int = 600) -> str:
     text = text.lstrip()
     cut = text.rfind("\n", 0, chars)
     return text[:cut if cut > chars // 3 else chars]
-
-
-def heldout_prompts(doc_roots: list[Path], code_roots: list[Path], per_kind: int = 15) -> list[dict]:
-    """The evaluation set: held-out chat topics, held-out documentation files and held-out stdlib files."""
-    rows = [{"prompt": p, "chat": True, "kind": "chat"}
-            for p in chat_prompts(stdlib_module_names(), held_out=True)[::2][:per_kind]]
-    for kind, roots in (("docs", doc_roots), ("code", code_roots)):
-        docs = [d for d in iter_documents(roots, held_out=True, min_chars=1500) if d.kind == kind]
-        step = max(1, len(docs) // per_kind)
-        rows += [{"prompt": prefix(d.text), "chat": False, "kind": kind, "source": Path(d.path).name}
-                 for d in docs[::step][:per_kind]]
-    return rows

@@ -71,7 +71,7 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
             right = np.stack([preds[j - 1] == seq[anchors + j] for j in range(1, k + 1)])  # [k, n]
             agree = np.cumprod(right, axis=0).sum(axis=1).astype(float)  # steps 1..j all right, as a burst counts
             count = np.full(k, float(len(anchors)))
-        for name in ("all", row["kind"]):
+        for name in {"all", row["kind"]}:  # a row without a kind counts once, in "all"
             g = groups.setdefault(name, {"emitted": 0, "passes": 0, "drafted": np.zeros(k), "accepted": np.zeros(k),
                                          "prompts": 0, "drafter_s": 0.0, "target_s": 0.0, "lookup_passes": 0,
                                          "tf_agree": np.zeros(k), "tf_count": np.zeros(k)})

@@ -25,7 +25,6 @@ from .teacher import autocast_dtype, batched_greedy, extract
 from .trainer import ShardData, TrainConfig, top_sidecar, train, write_teacher_top
 
 SEQ_LEN = 256
-BUILTIN_SOURCES = ("debian-docs", "stdlib", "chat")
 
 
 def pack(token_lists, seq_len: int, max_tokens: int, sep: int) -> np.ndarray:

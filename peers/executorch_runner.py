@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import _PeerTimes
-from .errors import ConfigError
-from .logs import IMPORT_NOISE, quiet
+from edge_spec.errors import ConfigError
+from edge_spec.logs import IMPORT_NOISE, quiet
+
+from .times import PeerTimes
 
 # fp32 only: ExecuTorch 1.5.1's export_llama fails on 8da4w with this torch / torchao (measured 2026-12-01: the
 # legacy `-qmode 8da4w` trips a dequantize_affine dtype assertion while re-exporting, `-qmode torchao:8da4w` needs
@@ -156,7 +157,7 @@ def _native_output_to(path: Path):
                 os.close(old)
 
 
-class ExecutorchRunnerPeer(_PeerTimes):
+class ExecutorchRunnerPeer(PeerTimes):
     """Plain greedy decode through ExecuTorch's TextLLMRunner, same prompts and token budget as the other peers
     (edge_spec.bench: interleaved with our plain runs). Timing from the runner's own stats (milliseconds), kept by
     the peers' shared bookkeeping."""

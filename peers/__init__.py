@@ -1,0 +1,84 @@
+"""The tools a user would otherwise pick, timed beside us by `edge-spec bench --peer NAME`.
+
+Each peer decodes the same prompt token ids right after our plain run of each prompt (edge_spec.bench.measure), so
+both see the same machine state. This package installs as `edge_spec.peers`; the bench core names no peer: the CLI
+options come from `add_arguments`, the runners from `from_args`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+
+from edge_spec.errors import ConfigError
+
+GENAI_PRECISIONS = ("fp32", "int8", "int4")  # onnxruntime-genai model builder precisions on the CPU provider
+LLAMA_CPP_QUANTS = ("f32", "q8_0", "q4_0", "q4_1")  # what llama.cpp's own quantizer re-encodes the GGUF as
+NAMES = ("llama.cpp", "onnxruntime-genai", "executorch")
+
+
+def add_arguments(bench: argparse.ArgumentParser) -> None:
+    """`edge-spec bench`'s peer options."""
+    bench.add_argument("--peer", action="append", choices=list(NAMES),
+                       help="also time a peer's plain decode of the same model (llama.cpp: llama-cpp-python; "
+                            "onnxruntime-genai: its model builder's graph of the target's checkpoint folder; "
+                            "executorch: ExecuTorch's own Llama export of that folder run by its TextLLMRunner); "
+                            "repeatable")
+    bench.add_argument("--et-precision", nargs="+", default=None, choices=["fp32"],
+                       help="--peer executorch precisions (fp32 only: ExecuTorch 1.5.1's export_llama fails on 8da4w "
+                            "with this torch / torchao, docs/benchmarks.md)")
+    bench.add_argument("--genai-precision", nargs="+", default=None, choices=list(GENAI_PRECISIONS),
+                       help="--peer onnxruntime-genai model precisions (default: the bundle's, fp32 for fp16)")
+    bench.add_argument("--peer-gguf", nargs="+", default=None, help="GGUF files for --peer llama.cpp")
+    bench.add_argument("--peer-quant", nargs="+", default=None, choices=list(LLAMA_CPP_QUANTS),
+                       help="--peer llama.cpp on the built-in SmolLM2 GGUF (Q4_1) re-encoded by llama.cpp as these "
+                            "types (default q4_1: the file itself)")
+
+
+def from_args(args: argparse.Namespace, engine) -> list:
+    """The peer runners `args` asks for, built (and their models cached) before the long measurement starts, so a
+    missing package or file fails first, not after it."""
+    from edge_spec.gguf_import import cache_root, find_smollm2_gguf
+
+    wanted, cache = args.peer or [], cache_root() / "peers"
+    runners = []
+    if "llama.cpp" in wanted:
+        from .llamacpp import LlamaCppPeer, _require_llama_cpp, peer_gguf
+
+        _require_llama_cpp()
+        gguf = [Path(p) for p in args.peer_gguf or []]
+        for p in gguf:
+            if not p.is_file():
+                raise ConfigError(f"GGUF file {p} does not exist", "pass existing files to --peer-gguf")
+        if args.peer_quant or not gguf:
+            source = find_smollm2_gguf()
+            gguf += [peer_gguf(source, kind, cache) for kind in args.peer_quant or ["q4_1"]]
+        runners += [LlamaCppPeer(path, threads=args.threads) for path in gguf]
+    if "onnxruntime-genai" in wanted:
+        from .genai import OrtGenaiPeer, genai_model
+
+        source = target_folder(engine)
+        precision = engine.manifest.precision if engine.manifest else "fp32"
+        precisions = args.genai_precision or [precision if precision in GENAI_PRECISIONS else "fp32"]
+        runners += [OrtGenaiPeer(genai_model(source, p, cache), threads=args.threads, precision=p)
+                    for p in precisions]
+    if "executorch" in wanted:
+        from .executorch_runner import ET_PRECISIONS, ExecutorchRunnerPeer, et_runner_model
+
+        source = target_folder(engine)
+        decode = functools.partial(engine.tokenizer.decode, skip_special=False)
+        runners += [ExecutorchRunnerPeer(et_runner_model(source, p, cache), source / "tokenizer.json",
+                                         decode, threads=args.threads, precision=p)
+                    for p in args.et_precision or ET_PRECISIONS[:1]]
+    return runners
+
+
+def target_folder(engine) -> Path:
+    """The target's checkpoint folder: the bundle's recorded source, or the loaded checkpoint's folder."""
+    folder = engine.manifest.target.source if engine.manifest else getattr(engine.loaded, "folder", None)
+    if not folder or not Path(folder).is_dir():
+        raise ConfigError(f"the target's checkpoint folder {folder!r} is not on this machine",
+                          "the peer is built from it: run on the machine that exported the bundle, or use "
+                          "--model FOLDER")
+    return Path(folder)
