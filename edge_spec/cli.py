@@ -41,7 +41,7 @@ DEFAULT_MODEL = "smollm2-135m"
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="built-in name (smollm2-135m) or a Hugging Face checkpoint folder (default smollm2-135m)")
+                   help="built-in name (smollm2-135m, gemma3-270m) or a Hugging Face checkpoint folder (default smollm2-135m)")
     p.add_argument("--bundle", default=None,
                    help="an exported bundle folder (edge-spec export) instead of --model; speculative by default "
                         "when it has a drafter (--no-spec for plain)")
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec(gen)
     exp = sub.add_parser("export", help="export a target (+ drafter) to a bundle: manifest.json + tokenizer + graphs")
     exp.add_argument("--model", default=DEFAULT_MODEL,
-                     help="built-in name (smollm2-135m) or a Hugging Face checkpoint folder (default smollm2-135m)")
+                     help="built-in name (smollm2-135m, gemma3-270m) or a Hugging Face checkpoint folder (default smollm2-135m)")
     exp.add_argument("--drafter", default=None,
                      help="'builtin', a drafter folder or 'none' (default: the built-in drafter when the model ships "
                           "one, as smollm2-135m does; otherwise none)")

@@ -2,8 +2,10 @@
 
 Everything that varies per layer (attention kind, head dim, KV heads, MLP width, KV sharing) is a
 tuple indexed by layer, so the model code never re-derives it. Two families are supported:
-`llama` (SmolLM2, Llama-2/3 style) and `gemma4` (Gemma-4 text: sliding/full layers with their own
-head dims and RoPE, KV sharing, per-layer input embeddings, optional MoE block, soft-capping).
+`llama` (SmolLM2, Llama-2/3 style), `gemma4` (Gemma-4 text: sliding/full layers with their own
+head dims and RoPE, KV sharing, per-layer input embeddings, optional MoE block, soft-capping) and `gemma3`
+(Gemma-3 text: the same sandwich-norm blocks with q/k norms, one head dim, no value norm, per-layer inputs or KV
+sharing, attention scaled by query_pre_attn_scalar ** -0.5, norms that scale by 1 + weight).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from .errors import CheckpointError, ConfigError
 from .kv import FULL, SLIDING
 
 LLAMA = "llama"
+GEMMA3 = "gemma3"
 GEMMA4 = "gemma4"
-SUPPORTED_MODEL_TYPES = {"llama": LLAMA, "gemma4_text": GEMMA4, "gemma4": GEMMA4}
+GEMMA_FAMILIES = (GEMMA3, GEMMA4)  # sandwich-norm blocks, q/k norms, embeddings scaled by sqrt(hidden)
+SUPPORTED_MODEL_TYPES = {"llama": LLAMA, "gemma3_text": GEMMA3, "gemma4_text": GEMMA4, "gemma4": GEMMA4}
 
 # KV sharing roles (Gemma-4's kv_sharing_modes): a "store" layer's keys/values are reused by
 # later "reuse" layers of the same kind; "reuse" layers own no cache and no k/v projections.
@@ -38,9 +42,18 @@ class RopeSpec:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # default RoPE through torch's float32 pow, bit-identical to transformers' inv_freq. numpy's pow is 1 ulp off in
+    # some entries (gemma-3-270m: 19 of 128 local, 26 of 128 global), which moves cos by up to 1.2e-4 at position
+    # 1024 and gemma-3-270m's logits on a 784-token prompt by 2.6e-3 from transformers' (1.5e-4 with torch's pow).
+    # On for gemma3 (and drafters built for it: rope params {"torch_pow": true}); llama / gemma4 keep numpy's.
+    torch_pow: bool = False
 
     def inv_freq(self) -> np.ndarray:
         d = self.head_dim
+        if self.torch_pow and self.rope_type == "default":
+            import torch
+
+            return (1.0 / self.theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)).numpy()
         if self.rope_type == "proportional":
             # rotate the first `n` frequency pairs with exponents over the *full* head dim; the rest stay put
             n = int(self.partial_rotary_factor * d // 2)
@@ -66,7 +79,7 @@ def _llama3_scale(inv: np.ndarray, r: RopeSpec) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # LLAMA | GEMMA4
+    family: str  # LLAMA | GEMMA3 | GEMMA4
     vocab_size: int
     hidden_size: int
     num_heads: int
@@ -88,6 +101,9 @@ class ModelConfig:
     mlp_bias: bool = False
     attention_scale: float | None = None  # None -> head_dim ** -0.5
     final_logit_softcapping: float | None = None
+    # Gemma-3 checkpoints store every RMSNorm weight as w for a norm that scales by (1 + w): the loader adds this
+    # offset to them (checkpoints.load_weights), so our RMSNorm (scale by weight) computes the same function
+    norm_weight_offset: float = 0.0
     # Gemma-4 only
     per_layer_input_size: int = 0  # 0 = no per-layer input embeddings
     per_layer_vocab_size: int = 0
@@ -129,7 +145,7 @@ def _eos_ids(value) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
 
 
-def _rope_spec(params: dict | None, head_dim: int, default_theta: float) -> RopeSpec:
+def _rope_spec(params: dict | None, head_dim: int, default_theta: float, torch_pow: bool = False) -> RopeSpec:
     params = dict(params or {})
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ("default", "proportional", "llama3"):
@@ -137,7 +153,8 @@ def _rope_spec(params: dict | None, head_dim: int, default_theta: float) -> Rope
                               "supported: default, proportional (Gemma-4), llama3")
     keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "partial_rotary_factor")
     extra = {k: params[k] for k in keys if params.get(k) is not None}
-    return RopeSpec(theta=float(params.get("rope_theta", default_theta)), head_dim=head_dim, rope_type=rope_type, **extra)
+    return RopeSpec(theta=float(params.get("rope_theta", default_theta)), head_dim=head_dim, rope_type=rope_type,
+                    torch_pow=bool(params.get("torch_pow", torch_pow)), **extra)
 
 
 def from_hf_dict(d: dict, source: str = "config.json") -> ModelConfig:
@@ -148,7 +165,8 @@ def from_hf_dict(d: dict, source: str = "config.json") -> ModelConfig:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise CheckpointError(f"{source}: unsupported model_type {model_type!r}",
                               f"edge-spec supports {sorted(SUPPORTED_MODEL_TYPES)}")
-    return (_parse_llama if SUPPORTED_MODEL_TYPES[model_type] == LLAMA else _parse_gemma4)(d, source)
+    parse = {LLAMA: _parse_llama, GEMMA3: _parse_gemma3, GEMMA4: _parse_gemma4}[SUPPORTED_MODEL_TYPES[model_type]]
+    return parse(d, source)
 
 
 def _parse_llama(d: dict, source: str) -> ModelConfig:
@@ -245,6 +263,44 @@ def _parse_gemma4(d: dict, source: str) -> ModelConfig:
         attention_k_eq_v=k_eq_v, num_experts=int(d.get("num_experts") or 0) if moe else 0,
         top_k_experts=int(d.get("top_k_experts") or 0) if moe else 0,
         moe_intermediate_size=int(d.get("moe_intermediate_size") or 0) if moe else 0, raw=d)
+
+
+def _parse_gemma3(d: dict, source: str) -> ModelConfig:
+    """Gemma3TextConfig: 5 sliding layers (local RoPE base 1e4) to 1 full (1e6) unless layer_types says otherwise."""
+    layers = _require(d, "num_hidden_layers", source)
+    hidden = _require(d, "hidden_size", source)
+    heads = _require(d, "num_attention_heads", source)
+    pattern = int(d.get("sliding_window_pattern") or 6)
+    types = d.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    kinds = tuple(FULL if t == "full_attention" else SLIDING for t in types)
+    head_dim = int(d.get("head_dim") or 256)
+    rope_params = d.get("rope_parameters") or {}
+    if "full_attention" not in rope_params:  # older files: rope_theta / rope_local_base_freq / rope_scaling
+        rope_params = {"full_attention": {**(d.get("rope_scaling") or {}), "rope_theta": d.get("rope_theta", 1e6)},
+                       "sliding_attention": {"rope_type": "default", "rope_theta": d.get("rope_local_base_freq", 1e4)}}
+    defaults = {FULL: 1_000_000.0, SLIDING: 10_000.0}
+    rope = {kind: _rope_spec(rope_params.get(name), head_dim, defaults[kind], torch_pow=True)
+            for kind, name in ((FULL, "full_attention"), (SLIDING, "sliding_attention")) if kind in kinds}
+    if d.get("use_bidirectional_attention"):
+        raise CheckpointError(f"{source}: bidirectional attention is not supported", "use a causal text checkpoint")
+    if d.get("attn_logit_softcapping"):
+        raise CheckpointError(f"{source}: attn_logit_softcapping is not supported (Gemma-2 style attention)",
+                              "use a Gemma-3 checkpoint without it (Gemma-3 sets it to null)")
+    act = d.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise CheckpointError(f"{source}: hidden_activation {act!r} is not supported", "expected 'gelu_pytorch_tanh'")
+    kv_heads = int(d.get("num_key_value_heads") or 4)
+    return ModelConfig(
+        family=GEMMA3, vocab_size=_require(d, "vocab_size", source), hidden_size=hidden, num_heads=heads,
+        layer_kinds=kinds, head_dims=(head_dim,) * layers, kv_heads=(kv_heads,) * layers,
+        intermediate_sizes=(_require(d, "intermediate_size", source),) * layers, kv_sharing=(None,) * layers,
+        rope=rope, sliding_window=int(d.get("sliding_window") or 4096), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        hidden_act="gelu_tanh", tie_word_embeddings=bool(d.get("tie_word_embeddings", True)),
+        max_position_embeddings=int(d.get("max_position_embeddings", 131072)),
+        bos_token_id=d.get("bos_token_id", 2), eos_token_ids=_eos_ids(d.get("eos_token_id", 1)),
+        pad_token_id=d.get("pad_token_id", 0), attention_bias=bool(d.get("attention_bias", False)),
+        attention_scale=float(d.get("query_pre_attn_scalar") or 256) ** -0.5,
+        final_logit_softcapping=d.get("final_logit_softcapping"), norm_weight_offset=1.0, raw=d)
 
 
 def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None, binding: str = "io",

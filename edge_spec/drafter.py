@@ -283,8 +283,8 @@ def drafter_config_dict(target: ModelConfig, *, hidden_size: int = 256, num_laye
         src = max(j for j in target.cached_layers() if target.layer_kinds[j] == kind)
         per_layer[str(i)] = {"head_dim": target.head_dims[src], "num_key_value_heads": target.kv_heads[src]}
     rope = {("full_attention" if k == "full" else "sliding_attention"): {
-        "rope_type": r.rope_type, "rope_theta": r.theta, "partial_rotary_factor": r.partial_rotary_factor, "factor": r.factor}
-        for k, r in target.rope.items()}
+        "rope_type": r.rope_type, "rope_theta": r.theta, "partial_rotary_factor": r.partial_rotary_factor, "factor": r.factor,
+        **({"torch_pow": True} if r.torch_pow else {})} for k, r in target.rope.items()}  # the target's inv_freq exactly
     text = {"model_type": "gemma4_text", "vocab_size": target.vocab_size, "hidden_size": hidden_size,
             "intermediate_size": intermediate_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
             "num_key_value_heads": target.kv_heads[full_src], "head_dim": head_dim_full,

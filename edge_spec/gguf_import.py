@@ -1,4 +1,4 @@
-"""Turn a llama-architecture GGUF file into a Hugging Face Llama checkpoint folder.
+"""Turn a llama-architecture GGUF file into a Hugging Face Llama checkpoint folder (gemma3: edge_spec.gguf_gemma3).
 
 The folder holds the four files `transformers` and `tokenizers` need::
 
@@ -9,15 +9,13 @@ The folder holds the four files `transformers` and `tokenizers` need::
 
 Two GGUF quirks are undone on the way:
 
-* llama.cpp interleaves the rows of every q/k head for its RoPE layout
-  (`convert_hf_to_gguf.py` "permute"); `_unpermute_rope_rows` restores the
-  Hugging Face "rotate half" order.
-* The pre-tokenizer is not stored as a rule, only as a name
-  (`tokenizer.ggml.pre`); `_PRE_TOKENIZERS` maps the names we support to the
-  split llama.cpp applies for them.
+* llama.cpp interleaves the rows of every q/k head for its RoPE layout (`convert_hf_to_gguf.py`
+  "permute"); `_unpermute_rope_rows` restores the Hugging Face "rotate half" order.
+* The pre-tokenizer is not stored as a rule, only as a name (`tokenizer.ggml.pre`);
+  `_PRE_TOKENIZERS` maps the names we support to the split llama.cpp applies for them.
 
-The output folder appears atomically: everything is written into a sibling
-temporary folder that is renamed into place only once complete.
+The output folder appears atomically: everything is written into a sibling temporary folder
+that is renamed into place only once complete.
 """
 
 from __future__ import annotations
@@ -107,14 +105,14 @@ def find_smollm2_gguf() -> Path:
 
 
 def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
-    """Convert a llama-architecture GGUF file into a Hugging Face Llama folder at `out_dir`.
+    """Convert a llama (or gemma3) GGUF file into a Hugging Face folder at `out_dir`.
 
-    Returns `out_dir` right away if it already holds all of `HF_FILES`. Otherwise the
-    folder is built in `<out_dir>.tmp-<pid>` next to it and renamed into place; on any
-    failure the temporary folder is removed and no `out_dir` is left behind.
+    Returns `out_dir` right away if it already holds all of `HF_FILES`. Otherwise the folder is
+    built in `<out_dir>.tmp-<pid>` next to it and renamed into place; on any failure the
+    temporary folder is removed and no `out_dir` is left behind.
 
-    Raises GGUFImportError for a file that is unreadable, truncated, not llama, or uses
-    features this importer does not handle (and if `out_dir` exists but is incomplete).
+    Raises GGUFImportError for a file that is unreadable, truncated, not llama or gemma3, or
+    uses features this importer does not handle (and if `out_dir` exists but is incomplete).
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if _is_complete(out_dir):
@@ -124,18 +122,14 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, *, progress: bool = True)
         raise GGUFImportError(f"{out_dir} exists but lacks {missing}; delete it and convert again")
 
     reader = _open_reader(gguf_path)
-    config = _llama_config(reader, gguf_path)
+    write = _write_llama_folder
+    if _field(reader, "general.architecture", gguf_path) == "gemma3":
+        from .gguf_gemma3 import write_gemma3_folder as write
     tmp_dir = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
         tmp_dir.mkdir(parents=True)
-        _write_json(tmp_dir / "config.json", config)
-        tokenizer, tokenizer_config = _build_tokenizer(reader, gguf_path, config["max_position_embeddings"])
-        tokenizer.save(str(tmp_dir / "tokenizer.json"))
-        _write_json(tmp_dir / "tokenizer_config.json", tokenizer_config)
-        tensors = _convert_tensors(reader, gguf_path, config, progress)
-        save_file(tensors, str(tmp_dir / "model.safetensors"), metadata={"format": "pt"})
-        del tensors
+        write(reader, gguf_path, tmp_dir, progress)
         try:
             os.replace(tmp_dir, out_dir)
         except OSError:
@@ -146,6 +140,17 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, *, progress: bool = True)
     return out_dir
 
 
+def _write_llama_folder(reader: GGUFReader, path: Path, out: Path, progress: bool) -> None:
+    """The four HF_FILES of a llama GGUF, written into the folder `out`."""
+    config = _llama_config(reader, path)
+    _write_json(out / "config.json", config)
+    tokenizer, tokenizer_config = _build_tokenizer(reader, path, config["max_position_embeddings"])
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", tokenizer_config)
+    tensors = _convert_tensors(reader, path, config, progress)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
 def cache_root() -> Path:
     """`$EDGE_SPEC_CACHE`, else `~/.cache/edge-spec`."""
     env = os.environ.get(CACHE_ENV_VAR)
@@ -153,11 +158,8 @@ def cache_root() -> Path:
 
 
 def builtin_smollm2_folder(cache_dir: Path | None = None) -> Path:
-    """Hugging Face folder of the built-in SmolLM2-135M-Instruct, converted on first use.
-
-    `cache_dir` is the parent cache directory (default: `$EDGE_SPEC_CACHE`, else
-    `~/.cache/edge-spec`); the model lives in `<cache_dir>/smollm2-135m-instruct`.
-    """
+    """Hugging Face folder of the built-in SmolLM2-135M-Instruct, converted on first use, in
+    `<cache_dir>/smollm2-135m-instruct` (`cache_dir` default: `cache_root()`)."""
     cache_dir = cache_root() if cache_dir is None else cache_dir
     return convert_gguf_to_hf(find_smollm2_gguf(), Path(cache_dir) / SMOLLM2_FOLDER_NAME)
 
@@ -197,7 +199,7 @@ def _llama_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
     """config.json contents for LlamaForCausalLM, from the `llama.*` metadata."""
     arch = _field(reader, "general.architecture", path)
     if arch != "llama":
-        raise GGUFImportError(f"{path.name}: architecture is {arch!r}; only 'llama' GGUF files can be imported")
+        raise GGUFImportError(f"{path.name}: architecture is {arch!r}; only 'llama' and 'gemma3' GGUF files import")
 
     def get(key: str, default: Any = _REQUIRED) -> Any:
         return _field(reader, f"llama.{key}", path, default)

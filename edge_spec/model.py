@@ -1,4 +1,4 @@
-"""The target model: one export-friendly nn.Module for the llama and gemma4 families.
+"""The target model: one export-friendly nn.Module for the llama, gemma3 and gemma4 families.
 
 Stateless per the KV contract (edge_spec/kv.py): the caller passes the caches and per-kind masks,
 the forward returns logits, final hidden states and the *new* K/V rows of every cached layer.
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import GEMMA4, REUSE, STORE, ModelConfig
+from .config import GEMMA4, GEMMA_FAMILIES, REUSE, STORE, ModelConfig
 from .kv import FULL
 from .rope import TableRope, rope_cos_sin, rope_tables, rotate, rotate_heads
 
@@ -33,7 +33,8 @@ class ModelOutput(NamedTuple):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, in fp32 (llama and gemma4 agree: no `1 + w` here).
+    """x / sqrt(mean(x^2) + eps) * weight, in fp32 (llama and gemma4 agree: no `1 + w` here; gemma3's `1 + w`
+    is folded into the weight when its checkpoint loads: ModelConfig.norm_weight_offset).
 
     Written as a division (not x * rsqrt): onnxruntime fuses exactly this pattern into one
     SimplifiedLayerNormalization kernel (61 nodes x 6 ops -> 61 ops in SmolLM2's graph)."""
@@ -229,7 +230,7 @@ class Attention(nn.Module):
         self.scale = cfg.attention_scale if cfg.attention_scale is not None else d ** -0.5
         self.reuses_kv = cfg.kv_sharing[layer] == REUSE
         self.stores_kv = cfg.kv_sharing[layer] == STORE
-        self.gemma = cfg.family == GEMMA4
+        self.gemma = cfg.family in GEMMA_FAMILIES
         kv_out = cfg.kv_heads[layer] * d
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.attention_bias)
@@ -244,7 +245,8 @@ class Attention(nn.Module):
             self.v_proj = None if k_eq_v else nn.Linear(cfg.hidden_size, kv_out, bias=cfg.attention_bias)
             if self.gemma:
                 self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-                self.v_norm = RMSNorm(d, cfg.rms_norm_eps, with_scale=False)
+            # Gemma-4 normalises values too (no scale); Gemma-3 does not
+            self.v_norm = RMSNorm(d, cfg.rms_norm_eps, with_scale=False) if cfg.family == GEMMA4 else None
 
     def forward(self, x, rope, mask, k_cache, v_cache, shared: dict, slots: torch.Tensor | None = None, write=None):
         """x: [1, T, H]; rope: Rope | TableRope (`rotate`); k_cache/v_cache: [1, H_kv, S, D] or None for a
@@ -273,7 +275,9 @@ class Attention(nn.Module):
         k = self.k_proj(x)  # [1, T, H_kv * D]
         v = self.v_proj(x) if self.v_proj is not None else k
         if self.gemma:
-            k, v = self.k_norm(k.view(b, t, -1, d)).view(b, t, -1), self.v_norm(v.view(b, t, -1, d)).view(b, t, -1)
+            k = self.k_norm(k.view(b, t, -1, d)).view(b, t, -1)
+        if self.v_norm is not None:
+            v = self.v_norm(v.view(b, t, -1, d)).view(b, t, -1)
         k = rotate(k, rope, d).view(b, t, -1, d).transpose(1, 2)  # [1, H_kv, T, D]
         v = v.view(b, t, -1, d).transpose(1, 2)
         return self._attend(q, k, v, mask, k_cache, v_cache, shared, slots, write)
@@ -394,7 +398,7 @@ class Experts(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.gemma = cfg.family == GEMMA4
+        self.gemma = cfg.family in GEMMA_FAMILIES
         eps = cfg.rms_norm_eps
         self.self_attn = Attention(cfg, layer)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_sizes[layer], cfg.hidden_act, cfg.mlp_bias)
@@ -402,10 +406,10 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
         if not self.gemma:
             return
-        # Gemma-4 "sandwich" norms, optional MoE branch, per-layer input, per-layer output scalar
+        # Gemma "sandwich" norms; Gemma-4 only: optional MoE branch, per-layer input, per-layer output scalar
         self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
-        self.register_buffer("layer_scalar", torch.ones(1))
+        self.register_buffer("layer_scalar", torch.ones(1) if cfg.family == GEMMA4 else None)
         self.moe = cfg.num_experts > 0
         if self.moe:
             self.router = Router(cfg)
@@ -444,7 +448,7 @@ class Block(nn.Module):
         if self.ple:
             g = self.gelu(self.per_layer_input_gate(x)) * per_layer_input
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
-        return x * self.layer_scalar, new
+        return (x if self.layer_scalar is None else x * self.layer_scalar), new
 
 
 class Backbone(nn.Module):
@@ -473,7 +477,7 @@ class Transformer(nn.Module):
         self.cached_layers = cfg.cached_layers()
         for kind, spec in cfg.rope.items():
             self.register_buffer(f"inv_freq_{kind}", torch.from_numpy(spec.inv_freq()), persistent=False)
-        self.embed_scale = cfg.hidden_size ** 0.5 if cfg.family == GEMMA4 else 1.0
+        self.embed_scale = cfg.hidden_size ** 0.5 if cfg.family in GEMMA_FAMILIES else 1.0
         # Batch-invariant attention (attend_slots): exported graphs turn it on so that a verify pass reproduces
         # decode steps bit for bit; eager training / the torch runtime keep the split form. Full layers keep
         # position p in slot p; sliding layers in slot p % sliding_ring (the layout's ring size: it must hold
@@ -540,7 +544,7 @@ class Transformer(nn.Module):
         cache_index = {layer: i for i, layer in enumerate(self.cached_layers)}
         shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         new_k, new_v = [], []
-        pending = self.rope_tables is not None and self.cfg.family != GEMMA4
+        pending = self.rope_tables is not None and self.cfg.family not in GEMMA_FAMILIES
         delta = None  # pending: the last block's MLP output, added to x by the next norm
         for layer, block in enumerate(self.model.layers):
             kind = self.cfg.layer_kinds[layer]

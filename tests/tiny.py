@@ -114,3 +114,32 @@ def e2b_pair(folder: Path):
                           top_k_clusters=32)
     assert 70e6 < sum(p.numel() for p in drafter.parameters()) < 80e6
     return target, drafter
+
+
+def gemma3_config(**overrides):
+    """A tiny Gemma3TextConfig: sliding (window 6, RoPE base 1e4) and full (1e6) layers, one KV head shared by four
+    query heads as in gemma-3-270m, and query_pre_attn_scalar != head_dim so that the attention scale is seen."""
+    from transformers import Gemma3TextConfig
+
+    args = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+                max_position_embeddings=512, bos_token_id=3, eos_token_id=2, pad_token_id=0)
+    cfg = Gemma3TextConfig(**{**args, **overrides})
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def save_gemma3_reference(config, folder: Path, seed: int = 0):
+    """`save_reference` for Gemma-3: a random transformers Gemma3ForCausalLM (norms perturbed), saved, returned."""
+    from transformers import Gemma3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Gemma3ForCausalLM(config).eval()
+    randomize_gemma_norms(model, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    write_tokenizer(folder, config.vocab_size)
+    return model
