@@ -1,0 +1,205 @@
+// cli.cpp - `edge-spec-run`: the bundle's draft-verify loop from the command line, with the flags and the stats lines
+// of `edge-spec generate`. Until the C++ tokenizer is built in, prompts are token ids (--prompt-ids) and the output
+// is ids; --json prints one machine-readable line (the tests compare it with the Python runtime's tokens).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "errors.h"
+#include "json.h"
+#include "text.h"
+
+namespace {
+
+const char* const USAGE =
+    "usage: edge-spec-run --bundle DIR (--prompt TEXT | --prompt - | --prompt-ids 1,2,3) [options]\n"
+    "  --chat                  wrap the prompt in the bundle's chat template (needs the tokenizer)\n"
+    "  --max-new-tokens N      tokens to generate (default 128)\n"
+    "  --temperature T         0 = greedy (default)\n"
+    "  --top-k K --top-p P     sampling filters (0 / 1 = off)\n"
+    "  --seed S                the portable RNG's seed (default 0)\n"
+    "  --spec-k K              draft tokens per target pass (the maximum with --adaptive; default 4)\n"
+    "  --adaptive | --fixed-k  pick k per step from measured costs (default) | always draft k\n"
+    "  --min-confidence C      adaptive: stop a burst below this drafter confidence (default 0.3)\n"
+    "  --no-spec               plain decoding even when the bundle has a drafter\n"
+    "  --no-lookup             no prompt-lookup (retrieval) drafting\n"
+    "  --ignore-eos            generate max-new-tokens even past an end-of-sequence token\n"
+    "  --threads N             XNNPACK threads (default: the runtime's)\n"
+    "  --no-host-check         skip the exactness probe at open\n"
+    "  --no-checksums          skip the sha256 of the bundle's files\n"
+    "  --check                 print the host check's verdict (JSON) and exit\n"
+    "  --fresh-check           probe again even when a cached verdict exists\n"
+    "  --json                  print one JSON line (tokens, stats) instead of the text\n"
+    "  --quiet                 print only the final text / ids, no streaming\n"
+    "tests only:\n"
+    "  --test-oracle-drafts IDS --test-wrong never|always|third|random\n"
+    "                          replace the drafter by one proposing IDS (the known continuation), wrong where told\n";
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr, "error: %s\n%s", what.c_str(), USAGE);
+  std::exit(2);
+}
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (*end) usage_error("--prompt-ids takes comma-separated integers, got '" + item + "'");
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+std::string ids_json(const std::vector<int64_t>& ids) {
+  std::string out = "[";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+  return out + "]";
+}
+
+struct Args {
+  std::string bundle, prompt, prompt_ids, oracle_ids, wrong = "never";
+  bool has_prompt = false, has_ids = false, chat = false, json = false, quiet = false, check = false;
+  es::OpenOptions open;
+  es::GenerateOptions gen;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  a.gen.adaptive = true;  // as `edge-spec generate`
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(f + " needs a value");
+      return argv[++i];
+    };
+    auto number = [&]() -> double {
+      std::string v = value();
+      char* end = nullptr;
+      double d = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end) usage_error(f + " takes a number, got '" + v + "'");
+      return d;
+    };
+    if (f == "--help" || f == "-h") { std::fputs(USAGE, stdout); std::exit(0); }
+    else if (f == "--bundle") a.bundle = value();
+    else if (f == "--prompt") { a.prompt = value(); a.has_prompt = true; }
+    else if (f == "--prompt-ids") { a.prompt_ids = value(); a.has_ids = true; }
+    else if (f == "--chat") a.chat = true;
+    else if (f == "--max-new-tokens") a.gen.max_new_tokens = int(number());
+    else if (f == "--temperature") a.gen.sampling.temperature = number();
+    else if (f == "--top-k") a.gen.sampling.top_k = int(number());
+    else if (f == "--top-p") a.gen.sampling.top_p = number();
+    else if (f == "--seed") a.gen.seed = uint64_t(std::strtoull(value().c_str(), nullptr, 10));
+    else if (f == "--spec-k") a.gen.spec_k = int(number());
+    else if (f == "--adaptive") a.gen.adaptive = true;
+    else if (f == "--fixed-k") a.gen.adaptive = false;
+    else if (f == "--min-confidence") a.gen.min_confidence = number();
+    else if (f == "--no-spec") a.gen.spec = false;
+    else if (f == "--no-lookup") a.gen.lookup = false;
+    else if (f == "--ignore-eos") a.gen.ignore_eos = true;
+    else if (f == "--threads") a.open.threads = int(number());
+    else if (f == "--no-host-check") a.open.host_check = false;
+    else if (f == "--no-checksums") a.open.verify_checksums = false;
+    else if (f == "--check") a.check = true;
+    else if (f == "--fresh-check") a.open.fresh_check = true;
+    else if (f == "--json") a.json = true;
+    else if (f == "--quiet") a.quiet = true;
+    else if (f == "--test-oracle-drafts") a.oracle_ids = value();
+    else if (f == "--test-wrong") a.wrong = value();
+    else usage_error("unknown option " + f);
+  }
+  if (a.bundle.empty()) usage_error("--bundle is required");
+  if (!a.check && a.has_prompt == a.has_ids) usage_error("pass exactly one of --prompt and --prompt-ids");
+  if (!a.oracle_ids.empty()) a.gen.oracle = es::OracleDrafts{parse_ids(a.oracle_ids), a.wrong};
+  return a;
+}
+
+std::string read_stdin() {
+  std::ostringstream ss;
+  ss << std::cin.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = parse(argc, argv);
+  try {
+    auto engine = es::Engine::open(a.bundle, a.open);
+    if (a.check) {
+      const es::HostCheck& hc = engine->exactness() ? *engine->exactness() : engine->check_host();
+      std::printf("%s\n", hc.to_json().c_str());
+      std::fprintf(stderr, "[%s]\n", hc.summary().c_str());
+      return 0;
+    }
+    std::unique_ptr<es::TextCodec> text;
+    std::vector<int64_t> prompt;
+    if (a.has_ids) {
+      if (a.chat) usage_error("--chat applies to --prompt text, not --prompt-ids");
+      prompt = parse_ids(a.prompt_ids);
+    } else {
+      text = es::TextCodec::open(a.bundle, engine->manifest());
+      std::string raw = a.prompt == "-" ? read_stdin() : a.prompt;
+      prompt = text->encode_prompt(raw, a.chat, a.prompt == "-" ? "stdin" : "--prompt");
+    }
+    std::unique_ptr<es::TextStream> stream(text ? text->stream() : nullptr);
+    const bool live = !a.json && !a.quiet;
+    auto on_token = [&](int64_t token) {
+      if (live && !engine->stop_ids().count(token)) {
+        std::string piece = stream ? stream->push(int32_t(token)) : std::to_string(token) + " ";
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+      return true;
+    };
+    es::Generation g = engine->generate(prompt, a.gen, on_token);
+    const es::GenerationResult& r = g.result;
+    std::vector<int64_t> shown;
+    for (int64_t t : r.tokens)
+      if (!engine->stop_ids().count(t)) shown.push_back(t);
+    if (a.json) {
+      std::string out = "{\"tokens\":" + ids_json(r.tokens) + ",\"prompt_tokens\":" + std::to_string(r.prompt_tokens) +
+                        ",\"stop\":" + es::json_quote(r.stop_reason) + ",\"speculative\":" +
+                        (r.speculative ? "true" : "false") + ",\"target_passes\":" + std::to_string(r.target_passes) +
+                        ",\"tau\":" + std::to_string(r.speculative ? r.spec.tau() : 1.0) +
+                        ",\"lookup_passes\":" + std::to_string(r.spec.lookup_passes) +
+                        ",\"prefill_s\":" + std::to_string(r.prefill_s) + ",\"total_s\":" + std::to_string(r.total_s) +
+                        ",\"decode_tok_s\":" + std::to_string(r.decode_tok_s()) +
+                        ",\"notice\":" + es::json_quote(g.notice) +
+                        ",\"host_check\":" + (engine->exactness() ? es::json_quote(engine->exactness()->label()) : "\"skipped\"");
+      if (text) out += ",\"text\":" + es::json_quote(text->decode(shown));
+      std::printf("%s}\n", out.c_str());
+    } else {
+      if (a.quiet) {
+        std::string all = text ? text->decode(shown) : ids_json(shown);
+        std::fwrite(all.data(), 1, all.size(), stdout);
+      } else if (stream) {
+        std::string tail = stream->finish();
+        std::fwrite(tail.data(), 1, tail.size(), stdout);
+      }
+      std::fputs("\n", stdout);
+    }
+    std::fflush(stdout);
+    std::fprintf(stderr, "[%s] %s\n", engine->runtime_name().c_str(), r.summary().c_str());
+    if (!g.notice.empty()) std::fprintf(stderr, "notice: %s\n", g.notice.c_str());
+    if (r.speculative) {
+      std::fprintf(stderr, "[spec k=%d%s] %s\n", a.gen.spec_k, a.gen.adaptive ? " adaptive" : "", r.spec.summary().c_str());
+      if (engine->exactness()) std::fprintf(stderr, "[%s]\n", engine->exactness()->summary().c_str());
+    }
+    return 0;
+  } catch (const es::Error& err) {
+    std::fprintf(stderr, "error: %s\n", err.what());
+    return 2;
+  } catch (const std::exception& err) {
+    std::fprintf(stderr, "error: %s\n", err.what());
+    return 1;
+  }
+}

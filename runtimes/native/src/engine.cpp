@@ -1,0 +1,128 @@
+// engine.cpp - see engine.h.
+#include "engine.h"
+
+#include <algorithm>
+
+#include "errors.h"
+#include "executorch_backend.h"
+#include "json.h"
+
+namespace es {
+
+namespace {
+
+class OracleDrafter : public DrafterBackend {
+ public:
+  OracleDrafter(OracleDrafts drafts, int prompt_len, int vocab)
+      : d_(std::move(drafts)), prompt_len_(prompt_len), vocab_(vocab), rng_(7) {}
+
+  void begin(int64_t position, const Masks&, int64_t) override {
+    position_ = position;
+    offset_ = 0;
+  }
+
+  DraftStep step(int64_t, const std::vector<float>& hidden) override {
+    offset_ += 1;
+    const int64_t pos = position_ + offset_;
+    const int64_t i = pos - prompt_len_;
+    int64_t tok = (i >= 0 && i < int64_t(d_.continuation.size())) ? d_.continuation[size_t(i)] : 4;
+    if (wrong(pos)) tok = 4 + (tok + 1) % (vocab_ - 4);  // never equal to tok
+    return DraftStep{{tok}, {1.0f}, hidden};
+  }
+
+ private:
+  bool wrong(int64_t pos) {
+    if (d_.wrong == "always") return true;
+    if (d_.wrong == "third") return pos % 3 == 0;
+    if (d_.wrong == "random") return rng_.random() < 0.4;
+    return false;
+  }
+  OracleDrafts d_;
+  int prompt_len_, vocab_;
+  PortableRng rng_;
+  int64_t position_ = 0, offset_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::open(const std::string& folder, const OpenOptions& options) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->folder_ = folder;
+  e->manifest_ = read_manifest(folder, options.verify_checksums);
+  if (e->manifest_.format != "executorch")
+    throw bundle_error(join_path(folder, MANIFEST_FILE) + ": this native runner was built without a runtime for '" +
+                           e->manifest_.format + "' bundles (it runs executorch bundles)",
+                       "export the bundle with --format executorch, or run it with the Python runtime: edge-spec "
+                       "generate --bundle " + folder);
+  auto pair = open_executorch(folder, e->manifest_, options.threads);
+  e->backend_ = std::move(pair.first);
+  e->drafter_ = std::move(pair.second);
+  e->session_.reset(new Session(*e->backend_));
+  for (int id : e->manifest_.eos_token_ids) e->stop_ids_.insert(id);
+  if (options.host_check && e->drafter_) e->check_host(options.fresh_check);
+  return e;
+}
+
+std::string Engine::artifact_id() const {
+  std::string key = "native-bundle:";
+  for (const auto& f : manifest_.files) key += f.first + "=" + f.second.sha256 + ";";  // std::map: sorted
+  return key + manifest_.raw.at("kv").at("layout").dump();
+}
+
+const HostCheck& Engine::check_host(bool fresh) {
+  const int max_t = std::min((manifest_.max_draft_len ? manifest_.max_draft_len : 4) + 1, 9);
+  exactness_ = checked(*session_, manifest_.vocab_size, artifact_id(), max_t, fresh, &exactness_cached_);
+  session_->min_rows = exactness_->min_rows() ? exactness_->min_rows() : 1;
+  return *exactness_;
+}
+
+Generation Engine::generate(const std::vector<int64_t>& prompt, const GenerateOptions& o, const TokenSink& on_token) {
+  check_sampling(o.sampling);  // validates before any work
+  check_request(prompt, o.max_new_tokens, session_->max_context());
+  for (int64_t id : prompt)
+    if (id < 0 || id >= manifest_.vocab_size)
+      throw config_error("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                             std::to_string(manifest_.vocab_size) + ")",
+                         "pass ids the bundle's tokenizer produced");
+  PortableRng rng(o.seed);
+  const std::set<int64_t> stop_ids = o.ignore_eos ? std::set<int64_t>() : stop_ids_;
+  Generation g;
+  bool speculative = o.spec && (drafter_ != nullptr || o.oracle);
+  if (speculative) {  // bad speculative arguments fail either way
+    check_spec_args(o.spec_k, o.min_confidence);
+    if (manifest_.max_draft_len && o.spec_k > manifest_.max_draft_len)
+      throw config_error("spec_k " + std::to_string(o.spec_k) + " exceeds this bundle's max draft length " +
+                             std::to_string(manifest_.max_draft_len),
+                         "use --spec-k " + std::to_string(manifest_.max_draft_len) +
+                             " or less, or re-export with --max-draft-len");
+    if (exactness_ && !exactness_->exact()) {
+      g.notice = exactness_->summary();
+      speculative = false;
+    }
+  }
+  if (!speculative) {
+    g.result = generate_plain(*session_, prompt, o.max_new_tokens, o.sampling, rng, stop_ids, on_token);
+    return g;
+  }
+  SpecOptions spec{o.spec_k, o.adaptive, o.min_confidence, o.lookup};
+  std::unique_ptr<DrafterBackend> oracle;
+  if (o.oracle) oracle.reset(new OracleDrafter(*o.oracle, int(prompt.size()), manifest_.vocab_size));
+  DrafterBackend& drafter = oracle ? *oracle : *drafter_;
+  g.result = generate_speculative(*session_, drafter, prompt, o.max_new_tokens, o.sampling, rng, stop_ids,
+                                  manifest_.vocab_size, spec, on_token);
+  return g;
+}
+
+std::string Engine::bundle_info_json() const {
+  const Manifest& m = manifest_;
+  std::string out = "{\"format\":" + json_quote(m.format) + ",\"precision\":" + json_quote(m.precision) +
+                    ",\"model\":" + json_quote(m.target_name) + ",\"max_context\":" + std::to_string(m.max_context()) +
+                    ",\"max_draft_len\":" + std::to_string(m.max_draft_len) +
+                    ",\"vocab_size\":" + std::to_string(m.vocab_size) +
+                    ",\"drafter\":" + (drafter_ ? "true" : "false") +
+                    ",\"runtime\":" + json_quote(backend_->identity()) +
+                    ",\"host_check\":" + (exactness_ ? exactness_->to_json() : std::string("null")) + "}";
+  return out;
+}
+
+}  // namespace es

@@ -1,0 +1,87 @@
+// engine.h - one opened bundle: manifest (verified), the format's backend + drafter, the session, the host check;
+// generate() picks plain or speculative decoding as edge_spec.api.Engine.generate does (the C API and the CLI both
+// stand on this).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "hostcheck.h"
+#include "manifest.h"
+#include "session.h"
+#include "speculative.h"
+
+namespace es {
+
+struct OpenOptions {
+  int threads = 0;              // 0: the backend's default
+  bool verify_checksums = true;  // sha256 of every file in the manifest
+  bool host_check = true;        // probe exactness at open (bundles with a drafter)
+  bool fresh_check = false;      // probe even when a cached verdict exists (hostcheck.h `checked`)
+};
+
+// A drafter standing in for the bundle's, for tests: it proposes a known continuation (the plain greedy output),
+// made wrong at the positions `wrong` selects - "never", "always", "third" (every third position), "random" (40%,
+// seeded) - so accepted bursts, rejected ones and rewritten rejected slots are all exercised.
+struct OracleDrafts {
+  std::vector<int64_t> continuation;
+  std::string wrong = "never";
+};
+
+struct GenerateOptions {
+  int max_new_tokens = 128;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  bool spec = true;  // speculative decoding when the bundle has a drafter (false: plain)
+  int spec_k = 4;
+  bool adaptive = false;
+  double min_confidence = 0.3;  // adaptive only
+  bool lookup = true;
+  bool ignore_eos = false;  // no stop tokens (tests and benchmarks that need a fixed length)
+  std::optional<OracleDrafts> oracle;  // tests only
+};
+
+struct Generation {
+  GenerationResult result;
+  std::string notice;  // the host check's notice where it turned speculation off
+};
+
+class Engine {
+ public:
+  static std::unique_ptr<Engine> open(const std::string& folder, const OpenOptions& options);
+
+  Generation generate(const std::vector<int64_t>& prompt, const GenerateOptions& options,
+                      const TokenSink& on_token = nullptr);
+  // The host check (cached per artifact, runtime and CPU unless `fresh`); sets the session's row mode from it.
+  const HostCheck& check_host(bool fresh = false);
+  bool exactness_cached() const { return exactness_cached_; }
+  // What the host check is keyed on: every file's sha256 and the KV layout (as edge_spec.api.Engine.artifact_id).
+  std::string artifact_id() const;
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& folder() const { return folder_; }
+  bool has_drafter() const { return drafter_ != nullptr; }
+  const std::set<int64_t>& stop_ids() const { return stop_ids_; }
+  const std::optional<HostCheck>& exactness() const { return exactness_; }
+  std::string runtime_name() const { return "native-" + manifest_.format; }
+  Session& session() { return *session_; }
+  std::string bundle_info_json() const;
+
+ private:
+  Engine() = default;
+  std::string folder_;
+  Manifest manifest_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DrafterBackend> drafter_;
+  std::unique_ptr<Session> session_;
+  std::set<int64_t> stop_ids_;
+  std::optional<HostCheck> exactness_;
+  bool exactness_cached_ = false;
+};
+
+}  // namespace es

@@ -1,0 +1,344 @@
+// manifest.cpp - see manifest.h. Mirrors edge_spec/manifest.py read_manifest (same checks, same order).
+#include "manifest.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "errors.h"
+#include "sha256.h"
+
+namespace es {
+
+namespace {
+
+const char* const REEXPORT = "re-run `edge-spec export` into a fresh --out folder";
+
+struct FormatRow {  // edge_spec/formats.py FORMATS: what the manifest check needs of it
+  const char* name;
+  std::vector<std::string> bindings;
+  std::vector<std::string> precisions;
+  bool constant_tables;
+};
+
+const std::vector<FormatRow>& formats() {
+  static const std::vector<FormatRow> rows = {
+      {"onnx", {"io"}, {"fp32", "fp16", "int8", "int4"}, false},
+      {"executorch", {"state"}, {"fp32", "8da4w"}, false},
+      {"coreml", {"io", "state"}, {"fp16", "fp32", "int8", "int4", "int4-channel"}, true},
+      {"qnn", {"io"}, {"16a8w", "8a8w"}, true},
+  };
+  return rows;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  for (const auto& s : v)
+    if (s == x) return true;
+  return false;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_file(const std::string& p, int64_t* size = nullptr) {
+  struct stat st;
+  if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (size) *size = int64_t(st.st_size);
+  return true;
+}
+
+std::string dim_text(const Json& d) { return d.is_number() ? std::to_string(d.as_int()) : d.as_string(); }
+
+TensorSpec spec(const std::string& name, const std::string& dtype, std::vector<std::string> shape) {
+  return TensorSpec{name, dtype, std::move(shape)};
+}
+
+GraphEntry graph_from_json(const Json& d) {
+  GraphEntry g;
+  g.file = d.at("file").as_string();
+  g.precision = d.at("precision").as_string();
+  for (const char* role : {"inputs", "outputs"}) {
+    auto& list = std::string(role) == "inputs" ? g.io.inputs : g.io.outputs;
+    for (const auto& t : d.at(role).as_array()) {
+      TensorSpec s{t.at("name").as_string(), t.at("dtype").as_string(), {}};
+      for (const auto& dim : t.at("shape").as_array()) s.shape.push_back(dim_text(dim));
+      list.push_back(s);
+    }
+  }
+  if (d.has("method") && !d.at("method").is_null()) g.method = d.at("method").as_string();
+  return g;
+}
+
+Manifest from_json(const Json& d) {
+  Manifest m;
+  m.raw = d;
+  m.schema_version = int(d.at("schema_version").as_int());
+  m.format = d.at("format").as_string();
+  m.precision = d.at("precision").as_string();
+  m.created_by = d.get("created_by").is_string() ? d.at("created_by").as_string() : "";
+  const Json& t = d.at("target");
+  m.target_name = t.at("name").as_string();
+  m.target_content_sha256 = t.at("content_sha256").as_string();
+  const Json& dr = d.get("drafter");
+  if (!dr.is_null()) {
+    DrafterEntry e;
+    e.name = dr.at("name").as_string();
+    e.content_sha256 = dr.at("content_sha256").as_string();
+    e.target_content_sha256 = dr.get("target_content_sha256").is_string() ? dr.at("target_content_sha256").as_string() : "";
+    for (const auto& kv : dr.get("kv_sharing").is_object() ? dr.at("kv_sharing").as_object() : std::map<std::string, Json>{})
+      e.kv_sharing[kv.first] = int(kv.second.as_int());
+    e.head_from = dr.get("head_from").is_string() ? dr.at("head_from").as_string() : "drafter";
+    e.candidates_per_step = dr.get("candidates_per_step").is_number() ? int(dr.at("candidates_per_step").as_int()) : 0;
+    m.drafter = e;
+  }
+  const Json& kv = d.at("kv");
+  m.binding = kv.at("binding").as_string();
+  m.layout = layout_from_json(kv.at("layout"));
+  m.vocab_size = int(d.at("vocab_size").as_int());
+  m.hidden_size = int(d.at("hidden_size").as_int());
+  m.embed_scale = d.at("embed_scale").as_number();
+  const Json& tok = d.at("tokenizer");
+  m.bos_token_id = tok.at("bos_token_id").is_null() ? -1 : int(tok.at("bos_token_id").as_int());
+  for (const auto& e : tok.at("eos_token_ids").as_array()) m.eos_token_ids.push_back(int(e.as_int()));
+  m.chat_template = tok.at("chat_template").is_null() ? "" : tok.at("chat_template").as_string();
+  for (const auto& f : tok.at("files").as_array()) m.tokenizer_files.push_back(f.as_string());
+  m.max_draft_len = int(d.at("max_draft_len").as_int());
+  for (const auto& g : d.at("graphs").as_object()) m.graphs[g.first] = graph_from_json(g.second);
+  for (const auto& tb : d.at("tables").as_object()) m.tables[tb.first] = tb.second.at("file").as_string();
+  for (const auto& f : d.at("files").as_object()) {
+    if (!f.second.is_object() || !f.second.has("sha256") || !f.second.has("bytes"))
+      throw JsonError("file entry '" + f.first + "' lacks sha256/bytes");
+    m.files[f.first] = FileEntry{f.second.at("sha256").as_string(), f.second.at("bytes").as_int()};
+  }
+  return m;
+}
+
+void verify_files(const std::string& folder, const Manifest& m, bool checksums) {
+  const std::string manifest_path = join_path(folder, MANIFEST_FILE);
+  for (const auto& f : m.files) {
+    const std::string& rel = f.first;
+    if (!rel.empty() && rel[0] == '/')
+      throw bundle_error(manifest_path + ": file entry '" + rel + "' points outside the bundle", REEXPORT);
+    std::stringstream parts(rel);
+    std::string part;
+    while (std::getline(parts, part, '/'))
+      if (part == "..") throw bundle_error(manifest_path + ": file entry '" + rel + "' points outside the bundle", REEXPORT);
+  }
+  std::vector<std::string> referenced;
+  for (const auto& g : m.graphs) referenced.push_back(g.second.file);
+  for (const auto& t : m.tables) referenced.push_back(t.second);
+  for (const auto& t : m.tokenizer_files) referenced.push_back(t);
+  for (const auto& rel : referenced) {  // a file, or a folder artifact (an .mlpackage) whose files are all listed
+    bool listed = m.files.count(rel) > 0;
+    for (const auto& f : m.files)
+      if (f.first.compare(0, rel.size() + 1, rel + "/") == 0) listed = true;
+    if (!listed) throw bundle_error(manifest_path + ": " + rel + " is used but has no checksum entry", REEXPORT);
+  }
+  for (const auto& f : m.files) {
+    const std::string path = join_path(folder, f.first);
+    int64_t size = 0;
+    if (!is_file(path, &size))
+      throw bundle_error(path + " is missing from the bundle", std::string("copy the whole bundle folder, or ") + REEXPORT);
+    if (size != f.second.bytes)
+      throw bundle_error(path + " is truncated or altered: " + std::to_string(size) + " bytes, the manifest says " +
+                             std::to_string(f.second.bytes),
+                         std::string("copy the file again from the original bundle, or ") + REEXPORT);
+    if (checksums && sha256_file(path) != f.second.sha256)
+      throw bundle_error(path + " is corrupt: its sha256 does not match the manifest",
+                         std::string("copy the file again from the original bundle, or ") + REEXPORT);
+  }
+}
+
+void same_io(const std::string& where, const GraphIO& got, const GraphIO& want) {
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto& a = pass == 0 ? got.inputs : got.outputs;
+    const auto& b = pass == 0 ? want.inputs : want.outputs;
+    const std::string role = pass == 0 ? "input" : "output";
+    if (a.size() != b.size())
+      throw bundle_error(where + " has " + std::to_string(a.size()) + " " + role + "s, the KV contract expects " +
+                             std::to_string(b.size()),
+                         REEXPORT);
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!(a[i] == b[i]))
+        throw bundle_error(where + " " + role + " " + std::to_string(i) + " is " + a[i].describe() +
+                               ", the KV contract expects " + b[i].describe(),
+                           REEXPORT);
+  }
+}
+
+void verify_contract(const Manifest& m, const std::string& path) {
+  const FormatRow* fmt = nullptr;
+  std::string names;
+  for (const auto& row : formats()) {
+    if (m.format == row.name) fmt = &row;
+    names += std::string(names.empty() ? "" : ", ") + row.name;
+  }
+  if (!fmt)
+    throw bundle_error(path + ": format '" + m.format + "' is not one this edge-spec reads (" + names + ")",
+                       "update edge-spec, or re-export the bundle with --format onnx|executorch|coreml|qnn");
+  if (!contains(fmt->bindings, m.binding) || m.layout.binding != m.binding)
+    throw bundle_error(path + ": KV binding '" + m.binding + "' (layout '" + m.layout.binding +
+                           "') is not one the " + m.format + " format uses",
+                       REEXPORT);
+  if (!contains(fmt->precisions, m.precision))
+    throw bundle_error(path + ": unknown precision '" + m.precision + "' for the " + m.format + " format", REEXPORT);
+  if (!m.graphs.count("target")) throw bundle_error(path + ": the bundle has no target graph", REEXPORT);
+  if (m.layout.max_pass > 0) {
+    if (m.max_draft_len + 1 > m.layout.max_pass)
+      throw bundle_error(path + ": max_draft_len " + std::to_string(m.max_draft_len) + " needs verify passes of " +
+                             std::to_string(m.max_draft_len + 1) + " tokens, more than the layout's max_pass " +
+                             std::to_string(m.layout.max_pass),
+                         REEXPORT);
+    for (const auto& c : m.layout.caches)
+      if (c.window && c.slots < ring_slots(c.window, m.layout.max_context, m.layout.max_pass, m.binding))
+        throw bundle_error(path + ": layer " + std::to_string(c.layer) + "'s ring has " + std::to_string(c.slots) +
+                               " slots, too few for window " + std::to_string(c.window) + " and passes of " +
+                               std::to_string(m.layout.max_pass) + " tokens",
+                           REEXPORT);
+  }
+  same_io(path + ": target graph", m.graphs.at("target").io, target_io(m.layout, m.vocab_size, m.hidden_size));
+  if (!m.drafter) {
+    if (m.graphs.count("drafter"))
+      throw bundle_error(path + ": a drafter graph is listed without a drafter entry", REEXPORT);
+    return;
+  }
+  const DrafterEntry& d = *m.drafter;
+  if (d.target_content_sha256 != m.target_content_sha256)
+    throw bundle_error(path + ": the drafter was exported for target " + d.target_content_sha256.substr(0, 12) +
+                           ", this bundle's target is " + m.target_content_sha256.substr(0, 12) +
+                           " (a drafter from another target)",
+                       "export the drafter together with its own target: edge-spec export --model M --drafter D");
+  for (const auto& share : d.kv_sharing) {
+    const CacheSpec* spec = nullptr;
+    for (const auto& c : m.layout.caches)
+      if (c.layer == share.second) spec = &c;
+    if (!spec || spec->kind != share.first)
+      throw bundle_error(path + ": drafter kv_sharing " + share.first + " -> layer " + std::to_string(share.second) +
+                             ", but the target has no cached " + share.first + " layer " + std::to_string(share.second),
+                         "pair the drafter with the target it was trained for");
+  }
+  if (!m.graphs.count("drafter")) throw bundle_error(path + ": the drafter entry has no drafter graph", REEXPORT);
+  GraphIO expected = drafter_io(m.layout, d.kv_sharing, m.vocab_size, m.hidden_size, d.candidates_per_step,
+                                m.tables.count("output_table") > 0, !fmt->constant_tables);
+  same_io(path + ": drafter graph", m.graphs.at("drafter").io, expected);
+}
+
+}  // namespace
+
+std::string TensorSpec::describe() const {
+  std::string s = name + " " + dtype + "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    bool number = !shape[i].empty() && shape[i].find_first_not_of("0123456789") == std::string::npos;
+    s += (i ? ", " : "") + (number ? shape[i] : "'" + shape[i] + "'");
+  }
+  return s + "]";
+}
+
+KVLayout layout_from_json(const Json& d) {
+  KVLayout l;
+  l.max_context = int(d.at("max_context").as_int());
+  l.max_pass = d.get("max_pass").is_null() ? 0 : int(d.at("max_pass").as_int());
+  l.binding = d.get("binding").is_null() ? "io" : d.at("binding").as_string();
+  for (const auto& c : d.at("caches").as_array()) {
+    CacheSpec s;
+    s.layer = int(c.at("layer").as_int());
+    s.kind = c.at("kind").as_string();
+    s.num_kv_heads = int(c.at("num_kv_heads").as_int());
+    s.head_dim = int(c.at("head_dim").as_int());
+    s.slots = int(c.at("slots").as_int());
+    s.window = c.at("window").is_null() ? 0 : int(c.at("window").as_int());
+    l.caches.push_back(s);
+  }
+  return l;
+}
+
+std::string join_path(const std::string& a, const std::string& b) {
+  if (a.empty() || a.back() == '/') return a + b;
+  return a + "/" + b;
+}
+
+GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size) {
+  GraphIO io;
+  io.inputs = {spec("input_ids", "int64", {"1", "T"}), spec("position_ids", "int64", {"1", "T"})};
+  for (const auto& kind : layout.kinds())
+    io.inputs.push_back(spec("mask." + kind, "float32", {"1", "1", "T", "S_" + kind + "+T"}));
+  io.outputs = {spec("logits", "float32", {"1", "T", std::to_string(vocab_size)}),
+                spec("hidden", "float32", {"1", "T", std::to_string(hidden_size)})};
+  if (layout.binding == BINDING_IO) {
+    for (const auto& c : layout.caches)
+      for (const char* n : {"k_cache.", "v_cache."})
+        io.inputs.push_back(spec(n + std::to_string(c.layer), "float32",
+                                 {"1", std::to_string(c.num_kv_heads), "S_" + c.kind, std::to_string(c.head_dim)}));
+    for (const auto& c : layout.caches)
+      for (const char* n : {"k_new.", "v_new."})
+        io.outputs.push_back(spec(n + std::to_string(c.layer), "float32",
+                                  {"1", std::to_string(c.num_kv_heads), "T", std::to_string(c.head_dim)}));
+  }
+  return io;
+}
+
+GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
+                   int target_hidden, int candidates, bool output_table, bool tables) {
+  GraphIO io;
+  io.inputs = {spec("input_ids", "int64", {"1", "1"}),
+               spec("hidden", "float32", {"1", "1", std::to_string(target_hidden)}),
+               spec("position_ids", "int64", {"1", "1"})};
+  for (const auto& s : sources)  // std::map: sorted by kind, as edge_spec.kv sorts them
+    io.inputs.push_back(spec("mask." + s.first, "float32", {"1", "1", "1", "S_" + s.first}));
+  if (layout.binding == BINDING_IO) {
+    for (const auto& s : sources)
+      for (const auto& c : layout.caches)
+        if (c.layer == s.second)
+          for (const char* n : {"k_cache.", "v_cache."})
+            io.inputs.push_back(spec(n + std::to_string(c.layer), "float32",
+                                     {"1", std::to_string(c.num_kv_heads), "S_" + c.kind, std::to_string(c.head_dim)}));
+    if (tables) {
+      io.inputs.push_back(spec("embed_table", "float32", {std::to_string(vocab_size), std::to_string(target_hidden)}));
+      if (output_table)
+        io.inputs.push_back(spec("output_table", "float32", {std::to_string(vocab_size), std::to_string(target_hidden)}));
+    }
+  }
+  io.outputs = {spec("draft_token_ids", "int64", {std::to_string(candidates)}),
+                spec("draft_logits", "float32", {std::to_string(candidates)}),
+                spec("draft_hidden", "float32", {"1", "1", std::to_string(target_hidden)})};
+  return io;
+}
+
+Manifest read_manifest(const std::string& folder, bool verify_checksums) {
+  if (!is_dir(folder))
+    throw bundle_error("bundle folder " + folder + " does not exist", "pass the --out folder of `edge-spec export`");
+  const std::string path = join_path(folder, MANIFEST_FILE);
+  if (!is_file(path))
+    throw bundle_error(path + " is missing: " + folder + " is not a bundle (or its export was interrupted)", REEXPORT);
+  Json raw;
+  try {
+    raw = Json::parse(read_text(path));
+  } catch (const JsonError& err) {
+    throw bundle_error(path + " is not valid JSON (" + err.what() + ")", REEXPORT);
+  }
+  const Json& version = raw.get("schema_version");
+  if (!version.is_number() || (version.as_number() != 1 && version.as_number() != 2))
+    throw bundle_error(path + ": schema_version " + version.dump() + ", this edge-spec reads versions 1, 2",
+                       "re-export the bundle with this edge-spec version (or install the version that wrote it)");
+  Manifest m;
+  try {
+    m = from_json(raw);
+  } catch (const JsonError& err) {
+    throw bundle_error(path + ": missing or malformed field (" + err.what() + ")", REEXPORT);
+  }
+  verify_files(folder, m, verify_checksums);
+  verify_contract(m, path);
+  return m;
+}
+
+}  // namespace es

@@ -1,0 +1,86 @@
+// manifest.h - bundle/manifest.json read and verified, as edge_spec/manifest.py's read_manifest does: schema,
+// every file's size and sha256, the graph IO vs the KV contract, and the drafter/target pairing. Every refusal is
+// an Error(Code::Bundle) naming the file (or field) and the fix.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "json.h"
+#include "kv.h"
+
+namespace es {
+
+struct TensorSpec {
+  std::string name;
+  std::string dtype;               // "int64" | "float32"
+  std::vector<std::string> shape;  // ints as decimal text, or symbolic dim names ("T", "S_full", "S_full+T")
+  bool operator==(const TensorSpec& o) const { return name == o.name && dtype == o.dtype && shape == o.shape; }
+  std::string describe() const;    // "input_ids int64[1, 'T']" (Python's repr of the shape list)
+};
+
+struct GraphIO {
+  std::vector<TensorSpec> inputs, outputs;
+};
+
+struct GraphEntry {
+  std::string file;  // relative to the bundle root
+  std::string precision;
+  GraphIO io;
+  std::string method;  // the entry point inside `file` (ExecuTorch method); "" for the file itself
+};
+
+struct DrafterEntry {
+  std::string name;
+  std::string content_sha256;
+  std::string target_content_sha256;
+  std::map<std::string, int> kv_sharing;  // kind -> target layer whose cache it reads
+  std::string head_from;
+  int candidates_per_step = 0;
+};
+
+struct FileEntry {
+  std::string sha256;
+  int64_t bytes = 0;
+};
+
+struct Manifest {
+  int schema_version = 0;
+  std::string format, precision, created_by;
+  std::string target_name, target_content_sha256;
+  std::optional<DrafterEntry> drafter;
+  KVLayout layout;
+  std::string binding;
+  int vocab_size = 0, hidden_size = 0;
+  double embed_scale = 1.0;
+  int bos_token_id = -1;  // -1: none
+  std::vector<int> eos_token_ids;
+  std::string chat_template;                 // "" when none
+  std::vector<std::string> tokenizer_files;  // relative paths
+  int max_draft_len = 0;
+  std::map<std::string, GraphEntry> graphs;  // "target", "drafter"
+  std::map<std::string, std::string> tables; // name -> file
+  std::map<std::string, FileEntry> files;    // relative path -> sha256 + size
+  Json raw;                                  // the whole document (for fields the runner does not model)
+
+  int max_context() const { return layout.max_context; }
+};
+
+constexpr const char* MANIFEST_FILE = "manifest.json";
+
+// folder: the bundle root. Throws Error(Code::Bundle) naming the file and the fix.
+Manifest read_manifest(const std::string& folder, bool verify_checksums = true);
+
+// The KV contract's IO tables (edge_spec/kv.py target_io / drafter_io), for the check and for the backends.
+GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size);
+GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
+                   int target_hidden, int candidates, bool output_table, bool tables);
+
+KVLayout layout_from_json(const Json& layout);  // the manifest's kv.layout (edge_spec.kv.KVLayout.to_json)
+
+std::string join_path(const std::string& a, const std::string& b);
+
+}  // namespace es
