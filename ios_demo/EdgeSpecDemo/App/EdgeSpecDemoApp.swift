@@ -1,0 +1,8 @@
+import SwiftUI
+
+@main
+struct EdgeSpecDemoApp: App {
+    var body: some Scene {
+        WindowGroup { ContentView() }
+    }
+}
