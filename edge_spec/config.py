@@ -117,13 +117,6 @@ class ModelConfig:
     def num_layers(self) -> int:
         return len(self.layer_kinds)
 
-    def kv_source(self, layer: int) -> int:
-        """The layer whose cache `layer` attends into (itself unless it reuses a shared one)."""
-        if self.kv_sharing[layer] != REUSE:
-            return layer
-        kind = self.layer_kinds[layer]
-        return next(i for i, mode in enumerate(self.kv_sharing) if mode == STORE and self.layer_kinds[i] == kind)
-
     def cached_layers(self) -> tuple[int, ...]:
         return tuple(i for i, mode in enumerate(self.kv_sharing) if mode != REUSE)
 

@@ -25,6 +25,7 @@ REAL_FIXTURES = frozenset({
 SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_native.py": "tiny-pte", "test_android_bridge.py": "tiny-pte"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which turns the group marks into scopes
 def pytest_collection_modifyitems(config, items):
     """Mark every test that uses a real fixture `real` (tiers follow from the fixtures, not from labels), and
     group tests by file for pytest-xdist."""

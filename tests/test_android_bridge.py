@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from edge_spec import checkpoints
 from edge_spec.api import load_bundle
 from tests.parity import prompt_ids
 
@@ -77,21 +76,22 @@ def write_byte_level_bpe(path, vocab_size):
 
 
 @pytest.fixture(scope="module")
-def llama_pte(tiny_llama, tmp_path_factory):
-    """Tiny llama + a clustered drafter, exported as tests/test_executorch.py does (~1-2 min), from a copy of the tiny
-    checkpoint whose tokenizer is byte-level BPE, so text prompts (chat template, non-ASCII, emoji) cross the bridge
-    too (the tiny checkpoints' word-level tokenizer is not one the runner reads)."""
-    from edge_spec.exporters.executorch import export_bundle
-    from tests.test_onnx import tiny_drafter
+def llama_pte(tiny_llama_pte, tmp_path_factory):
+    """The session's tiny llama .pte (tests/conftest.py: a clustered drafter, exported once for every test file that
+    runs .pte bundles), copied with a byte-level BPE tokenizer.json of the same vocabulary re-recorded in its
+    manifest, so text prompts (chat template, non-ASCII, emoji) cross the bridge too (the tiny checkpoints'
+    word-level tokenizer is not one the runner reads). Tokens are ids to the model: the program is unchanged."""
+    from edge_spec.manifest import MANIFEST, sha256_file
     from tests.tiny import llama_config
 
-    base = tmp_path_factory.mktemp("android")
-    ref = base / "tiny-llama-bpe"
-    shutil.copytree(tiny_llama[0], ref)
-    write_byte_level_bpe(ref / "tokenizer.json", llama_config().vocab_size)
-    target = checkpoints.load(str(ref))
-    drafter = tiny_drafter(target.config, head_from="target")
-    return export_bundle(target, base / "llama", drafter=drafter, max_context=160)
+    out = tmp_path_factory.mktemp("android") / "llama"
+    shutil.copytree(tiny_llama_pte, out)
+    write_byte_level_bpe(out / "tokenizer.json", llama_config().vocab_size)
+    raw = json.loads((out / MANIFEST).read_text())
+    path = out / "tokenizer.json"
+    raw["files"]["tokenizer.json"] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    (out / MANIFEST).write_text(json.dumps(raw))
+    return out
 
 
 def _damaged_copy(bundle, folder):

@@ -67,7 +67,9 @@ typedef struct es_stats {
 } es_stats;
 
 /* Called once per emitted token, in order: its id and the text it completes (UTF-8; may be "" while a
-   multi-byte character is incomplete). Return nonzero to stop (same as es_cancel). */
+   multi-byte character is incomplete). Return nonzero to stop (same as es_cancel). After the last token, one more
+   call with token_id -1 carries text the stream held back, only when there is some (a run that ended inside a
+   multi-byte character: its replacement text); a token_id of -1 is never a token. */
 typedef int (*es_token_callback)(void* user, int32_t token_id, const char* text_utf8);
 
 void es_default_open_options(es_open_options* out);
@@ -84,6 +86,8 @@ es_status es_generate(es_runner* runner, const char* prompt_utf8, const es_gener
 es_status es_generate_ids(es_runner* runner, const int32_t* prompt_ids, size_t n_prompt,
                           const es_generate_options* options, es_token_callback on_token, void* user,
                           es_stats* stats_out);
+/* Stops the run in progress at its next step; called while no run is in progress, it stops the next run before its
+   first token (the flag clears when a run ends). */
 void es_cancel(es_runner* runner);
 
 /* The last error on this handle ("" if none); valid until the next call on the handle. */

@@ -116,7 +116,8 @@ es_status run(es_runner* r, const std::vector<int64_t>& ids, const es_generate_o
   if (o.max_new_tokens <= 0) throw es::config_error("max_new_tokens must be > 0, got " + std::to_string(o.max_new_tokens));
   if (o.spec && o.spec_k < 1) throw es::config_error("spec_k must be >= 1, got " + std::to_string(o.spec_k));
   if (o.chat) throw es::config_error("chat applies to text prompts (es_generate), not token ids");
-  r->cancel = false;
+  // the flag is cleared when a run ends, not when it starts: an es_cancel() that lands just before this run began
+  // (another thread's tap on "stop") still stops it
   std::unique_ptr<es::TextStream> stream(r->text ? r->text->stream() : nullptr);
   bool stopped = false;
   const auto& stop_ids = r->engine->stop_ids();
@@ -128,7 +129,18 @@ es_status run(es_runner* r, const std::vector<int64_t>& ids, const es_generate_o
     }
     return true;
   };
-  es::Generation g = r->engine->generate(ids, convert(o), sink);
+  es::Generation g;
+  try {
+    g = r->engine->generate(ids, convert(o), sink);
+  } catch (...) {
+    r->cancel = false;
+    throw;
+  }
+  r->cancel = false;
+  if (on_token && stream && !stopped) {  // text the stream held back (a run ending inside a UTF-8 sequence)
+    std::string tail = stream->finish();
+    if (!tail.empty()) on_token(user, -1, tail.c_str());
+  }
   fill_stats(stats_out, *r, g);
   if (stopped || g.result.stop_reason == "cancelled") {
     r->last_error = "cancelled: the run stopped after " + std::to_string(g.result.tokens.size()) + " tokens";

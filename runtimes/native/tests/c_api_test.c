@@ -33,6 +33,7 @@ typedef struct {
 static int on_token(void* user, int32_t token_id, const char* text) {
   collected* c = (collected*)user;
   (void)text;
+  if (token_id < 0) return 0; /* the end-of-run flush of held-back text: not a token */
   if (c->n < 4096) c->ids[c->n++] = token_id;
   return c->stop_after > 0 && c->n >= c->stop_after;
 }
@@ -168,6 +169,18 @@ int main(int argc, char** argv) {
     pthread_join(thread, NULL);
     check(t.status == ES_ERR_CANCELLED && t.tokens < max_new, "es_cancel from another thread stops the run",
           es_last_error(runner));
+  }
+
+  {
+    /* a cancel that lands before a run starts stops that run before its first token; the run after it is whole */
+    collected early;
+    memset(&early, 0, sizeof early);
+    es_cancel(runner);
+    status = es_generate_ids(runner, prompt, n_prompt, &options, on_token, &early, &stats);
+    check(status == ES_ERR_CANCELLED && early.n == 0, "an es_cancel before the run stops it", es_last_error(runner));
+    memset(&early, 0, sizeof early);
+    status = es_generate_ids(runner, prompt, n_prompt, &options, on_token, &early, &stats);
+    check(status == ES_OK && early.n == spec.n, "the run after an early cancel is whole", es_last_error(runner));
   }
 
   printf("{");

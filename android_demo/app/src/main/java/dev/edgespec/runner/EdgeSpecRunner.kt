@@ -196,7 +196,7 @@ class EdgeSpecRunner private constructor(handle: Long) : AutoCloseable {
         val text = StringBuilder()
         val sink = TokenListener { id, piece ->
             if (cancelRequested || (stop != null && stop())) return@TokenListener false
-            tokens.add(id)
+            if (id >= 0) tokens.add(id)  // -1: no token, the text the runner held back at the end (edge_spec.h)
             text.append(piece)
             listener?.onToken(id, piece) ?: true
         }
