@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 def load(model: str = "smollm2-135m", **kwargs):
     """See edge_spec.api.load (imported lazily so `import edge_spec` stays cheap)."""
-    from .api import load as _load
+    from edge_spec.api import load as _load
 
     return _load(model, **kwargs)
 

@@ -13,21 +13,21 @@ from typing import Callable
 
 import numpy as np
 
-from .backend import DrafterBackend, Session
-from .checkpoints import BUILTIN_MODELS, LoadedModel
-from .checkpoints import load as load_checkpoint
-from .config import kv_layout
-from .drafter import Drafter, check_pair, load_drafter
-from .errors import BundleError, CheckpointError, ConfigError
-from .formats import EAGER_RUNTIME, RUNTIMES, get_format, runtime_for
-from .gguf_import import cache_root
-from .generate import GenerationResult, check_request, generate_plain
-from .hostcheck import HostCheck, checked
-from .kv import KVLayout
-from .manifest import Manifest, content_id, read_manifest
-from .sampling import SamplingParams
-from .speculative import check_spec_args, generate_speculative
-from .tokenizer import StreamDecoder, Tokenizer
+from edge_spec.contract.backend import DrafterBackend, Session
+from edge_spec.loading.checkpoints import BUILTIN_MODELS, LoadedModel
+from edge_spec.loading.checkpoints import load as load_checkpoint
+from edge_spec.model.config import kv_layout
+from edge_spec.model.drafter import Drafter, check_pair, load_drafter
+from edge_spec.errors import BundleError, CheckpointError, ConfigError
+from edge_spec.contract.formats import EAGER_RUNTIME, RUNTIMES, get_format, runtime_for
+from edge_spec.loading.gguf_import import cache_root
+from edge_spec.decoding.generate import GenerationResult, check_request, generate_plain
+from edge_spec.decoding.hostcheck import HostCheck, checked
+from edge_spec.contract.kv import KVLayout
+from edge_spec.contract.manifest import Manifest, content_id, read_manifest
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import check_spec_args, generate_speculative
+from edge_spec.loading.tokenizer import StreamDecoder, Tokenizer
 
 DEFAULT_MAX_CONTEXT = 2048
 DEFAULT_SPEC_K = 4
@@ -64,7 +64,7 @@ class Engine:
                  drafter: DrafterBackend | None = None, runtime: str = "torch", max_draft_len: int | None = None,
                  manifest: Manifest | None = None, loaded: LoadedModel | None = None):
         self.session = session
-        # the host check (edge_spec.hostcheck): None until `check_host` ran; loaders run it when there is a drafter
+        # the host check (edge_spec.decoding.hostcheck): None until `check_host` ran; loaders run it when there is a drafter
         self.exactness: HostCheck | None = None
         self.exactness_cached = False
         self.tokenizer = tokenizer
@@ -91,7 +91,7 @@ class Engine:
 
     def check_host(self, *, fresh: bool = False, cache: bool = True) -> HostCheck:
         """Probe (or read from the cache) whether this host keeps the target batch-invariant and set the session's
-        row mode from it (edge_spec.hostcheck). `fresh`: probe again even if a cached result exists."""
+        row mode from it (edge_spec.decoding.hostcheck). `fresh`: probe again even if a cached result exists."""
         max_t = (self.max_draft_len or DEFAULT_SPEC_K) + 1
         self.exactness, self.exactness_cached = checked(
             self.session, self.vocab_size, artifact=self.artifact_id(), runtime=self.session.backend.identity,
@@ -113,7 +113,7 @@ class Engine:
         it off); the output distribution is the target's either way (greedy: identical tokens). Where the host
         check found this host's kernels not batch-invariant, speculative decoding is replaced by plain decoding
         and `result.extra["notice"]` says so (`allow_inexact=True` runs it anyway: benchmarks that report
-        per-prompt exactness). `lookup`: retrieval drafting first (edge_spec.lookup), the MTP drafter otherwise."""
+        per-prompt exactness). `lookup`: retrieval drafting first (edge_spec.decoding.lookup), the MTP drafter otherwise."""
         params = SamplingParams(temperature, top_k, top_p)  # validates before any work
         ids = list(prompt) if isinstance(prompt, list) else self.encode(prompt, chat=chat)
         check_request(ids, max_new_tokens, self.max_context)
@@ -214,7 +214,7 @@ def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int 
                 host_check: bool = True, compute_units: str | None = None) -> Engine:
     """Load an exported bundle (verified: schema, sha256 of every file, drafter/target pairing).
 
-    runtime None: the one the bundle's format runs on (edge_spec.formats: onnx -> "ort", executorch ->
+    runtime None: the one the bundle's format runs on (edge_spec.contract.formats: onnx -> "ort", executorch ->
     "executorch"); "torch": the eager reference, reloading the checkpoints the bundle was exported from (their
     content hashes must match the manifest). `provider`: onnx bundles: onnxruntime's execution provider (cpu, the default |
     xnnpack | coreml); qnn bundles: qnn (the HTP, default) | cpu (the QDQ reference). Speculative decoding is on by default when the bundle has a drafter.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import EdgeSpecError
-from .formats import FORMATS, PRECISIONS, RUNTIMES
+from edge_spec.errors import EdgeSpecError
+from edge_spec.contract.formats import FORMATS, PRECISIONS, RUNTIMES
 
 EXIT_USER_ERROR = 2
 
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--nodes", action="store_true",
                        help="onnx bundles: also compare every node's output between a one-token step and row 0 of a "
                             "verify pass and list where they first differ (a diagnostic; ~2x the graph's memory)")
-    from .peers import add_arguments as add_peer_arguments
+    from edge_spec.peers import add_arguments as add_peer_arguments
 
     bench = sub.add_parser("bench", help="measure plain vs speculative decoding (+ peers): Markdown, JSON, plot")
     _add_model(bench)
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     head.add_argument("--top-k", type=int, default=32, help="clusters kept per step (default 32)")
     head.add_argument("--repeats", type=int, default=50)
     head.add_argument("--json", default=None, help="also write the rows as JSON to this file")
-    from .drafter_cli import add_parsers
+    from edge_spec.train.cli import add_parsers
 
     add_parsers(sub)
     return parser
@@ -154,8 +154,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Probe afresh (the cache entry is replaced); exit 0 when some row mode is exact on this host, 1 when none is."""
     import json
 
-    from .api import load
-    from .errors import ConfigError
+    from edge_spec.api import load
+    from edge_spec.errors import ConfigError
 
     engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime, max_context=args.max_context,
                   threads=args.threads, bundle=args.bundle, provider=args.provider, spin=not args.no_spin,
@@ -169,7 +169,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.nodes:
         if engine.runtime != "ort":
             raise ConfigError("--nodes compares onnx graphs node by node", "pass an onnx --bundle (runtime ort)")
-        from .runtimes.ort_diff import node_diff
+        from edge_spec.runtimes.ort_diff import node_diff
 
         print(node_diff(args.bundle, threads=args.threads).text())
     if args.json:
@@ -179,13 +179,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import main as bench_main
+    from edge_spec.benchmark.bench import main as bench_main
 
     return bench_main(args)
 
 
 def cmd_bench_head(args: argparse.Namespace) -> int:
-    from .bench_head import main as bench_main
+    from edge_spec.benchmark.bench_head import main as bench_main
 
     return bench_main(args)
 
@@ -193,11 +193,11 @@ def cmd_bench_head(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .api import default_drafter, resolve_drafter
-    from .checkpoints import load as load_checkpoint
-    from .drafter import load_drafter
-    from .formats import check_binding, check_precision, exporter, get_format
-    from .errors import ConfigError
+    from edge_spec.api import default_drafter, resolve_drafter
+    from edge_spec.loading.checkpoints import load as load_checkpoint
+    from edge_spec.model.drafter import load_drafter
+    from edge_spec.contract.formats import check_binding, check_precision, exporter, get_format
+    from edge_spec.errors import ConfigError
 
     args.quant = args.quant or get_format(args.format).precisions[0]
     check_precision(get_format(args.format), args.quant)  # before any loading
@@ -244,7 +244,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def read_prompt(arg: str, stdin=None) -> str:
     """The prompt text from `--prompt` ('-': stdin's bytes), strictly UTF-8: invalid bytes are refused before any
     model loads (argv carries them as surrogate escapes, stdin as raw bytes)."""
-    from .errors import ConfigError
+    from edge_spec.errors import ConfigError
 
     if arg == "-":
         data = (stdin or sys.stdin.buffer).read()
@@ -260,9 +260,9 @@ def read_prompt(arg: str, stdin=None) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .api import load
-    from .errors import ConfigError
-    from .sampling import SamplingParams
+    from edge_spec.api import load
+    from edge_spec.errors import ConfigError
+    from edge_spec.decoding.sampling import SamplingParams
 
     SamplingParams(args.temperature, args.top_k, args.top_p)  # fail on bad values before loading a model
     if args.bundle is not None and (args.model is not None or args.drafter is not None):
@@ -297,7 +297,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _commands() -> dict:
-    from .drafter_cli import COMMANDS as drafter_commands
+    from edge_spec.train.cli import COMMANDS as drafter_commands
 
     return {"generate": cmd_generate, "export": cmd_export, "check": cmd_check, "bench": cmd_bench,
             "bench-head": cmd_bench_head,

@@ -29,7 +29,7 @@ def import_coremltools():
     macOS: neither is the user's business), or a ConfigError saying what to install."""
     import warnings
 
-    from .errors import ConfigError
+    from edge_spec.errors import ConfigError
 
     try:
         with quiet("coremltools", *IMPORT_NOISE), warnings.catch_warnings():

@@ -13,10 +13,10 @@ Functions of `coreml/program.mlpackage` (coremltools `save_multifunction`, ident
   * `drafter`: (input_ids [1, 1], hidden [1, 1, Ht], position_ids [1, 1], mask_{kind} [1, 1, 1, S_kind], the source
     layers' caches) -> (draft_token_ids, draft_logits, draft_hidden); the target's embedding (and output table) are
     constants of the function, deduplicated against the target's by `save_multifunction`.
-Feature names are the contract's (edge_spec.kv) with "." spelled "_" (`kv.feature_name`); ids are int32.
+Feature names are the contract's (edge_spec.contract.kv) with "." spelled "_" (`kv.feature_name`); ids are int32.
 
 `--kv state` (the contract's `state` binding, iOS 18 / macOS 15 MLState; what the GPU runs well): the caches are
-states k_cache_{l} / v_cache_{l} [1, H_kv, S_f, D] fp16 (Core ML's only state type), S_f = edge_spec.fixed.state_slots
+states k_cache_{l} / v_cache_{l} [1, H_kv, S_f, D] fp16 (Core ML's only state type), S_f = edge_spec.runtimes.fixed.state_slots
 (the layout's slots + a spare one for pad rows, rounded up to 32), declared identically by every function, so one
 `make_state()` serves the target's functions and the drafter, which reads the target's state in place:
   * `target_{T}`: (input_ids, position_ids, mask_{kind} [1, 1, T, S_f] slot form, write_slots_{kind} [T] int32)
@@ -28,7 +28,7 @@ states k_cache_{l} / v_cache_{l} [1, H_kv, S_f, D] fp16 (Core ML's only state ty
 Slots: full layers hold max_context + `headroom` slots (the largest pass length - 1), so a padded pass never
 writes a pad row's key into a slot a real row reads, even at the end of the context; rings keep kv.ring_slots
 (W + max_pass - 1, which already holds a whole pass). Attention is the batch-invariant slot form
-(edge_spec.model.attend_slots), so verify rows reproduce decode steps wherever the kernels are row-independent;
+(edge_spec.model.transformer.attend_slots), so verify rows reproduce decode steps wherever the kernels are row-independent;
 the host check measures it on the Mac that runs the package.
 
 Precisions (coremltools.optimize on the converted functions): fp16 compute (default; IO stays fp32; RMSNorm's ops in
@@ -50,16 +50,17 @@ from typing import Callable
 import torch
 from torch import nn
 
-from edge_spec import bundle, kv
+from edge_spec.contract import bundle
+from edge_spec.contract import kv
 from edge_spec.exporters import static
-from edge_spec.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
-from edge_spec.checkpoints import LoadedModel
-from edge_spec.drafter import Drafter
+from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
+from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
-from edge_spec.formats import FORMATS
+from edge_spec.contract.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, import_coremltools, quiet
-from edge_spec.fixed import function_slots, pass_lengths, state_slots, write_slots_name
-from edge_spec.manifest import GraphEntry
+from edge_spec.runtimes.fixed import function_slots, pass_lengths, state_slots, write_slots_name
+from edge_spec.contract.manifest import GraphEntry
 
 COREML_DIR = "coreml"
 PACKAGE = f"{COREML_DIR}/program.mlpackage"
@@ -174,7 +175,7 @@ def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | No
                   drafter_source: str | None = None, precision: str = "fp16", max_context: int | None = None,
                   max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
                   progress: Callable[[str], None] | None = None, kv_binding: str = kv.BINDING_IO) -> Path:
-    """Export `target` (+ `drafter`) to a Core ML bundle at `out`, atomically (edge_spec.bundle.export).
+    """Export `target` (+ `drafter`) to a Core ML bundle at `out`, atomically (edge_spec.contract.bundle.export).
 
     `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the largest fixed pass length.
     `kv_binding`: "io" (caches as function IO, default) or "state" (MLState; see the module doc)."""

@@ -10,7 +10,7 @@ Layout of the program (`Program`):
     `index_copy_` on a buffer would copy the whole buffer every step;
   * method `target(input_ids [1, T], position_ids [1, T], mask.<kind> [1, 1, T, S_kind + T]) -> (logits, hidden)`:
     writes all T rows (rejected drafts included: the runtime's KVState masks them), then attends over the first
-    S_kind slots of each buffer with the batch-invariant slot attention (edge_spec.model.attend_slots, keys already
+    S_kind slots of each buffer with the batch-invariant slot attention (edge_spec.model.transformer.attend_slots, keys already
     in their slots), so a verify pass reproduces decode steps row for row; T <= max_pass (the planned buffers and
     the rings, W + max_pass, are sized for it);
   * method `drafter(input_ids [1, 1], hidden [1, 1, H], position_ids [1, 1], mask.<kind> [1, 1, 1, S_kind]) ->
@@ -40,15 +40,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge_spec import bundle, kv
-from edge_spec.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
-from edge_spec.checkpoints import LoadedModel
-from edge_spec.drafter import Drafter
+from edge_spec.contract import bundle
+from edge_spec.contract import kv
+from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
+from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
-from edge_spec.formats import FORMATS
+from edge_spec.contract.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, quiet
-from edge_spec.manifest import GraphEntry
-from edge_spec.model import Transformer, attend_slots, spelled_gelu
+from edge_spec.contract.manifest import GraphEntry
+from edge_spec.model.transformer import Transformer, attend_slots, spelled_gelu
 
 PTE_DIR = "executorch"
 PROGRAM_FILE = f"{PTE_DIR}/program.pte"
@@ -68,7 +69,7 @@ ATTENTION_FORMS = ("slots", "sdpa")
 class Program(nn.Module):
     """The target (+ drafter) with the KV caches as buffers; `target_forward` and `drafter_step` are the methods.
 
-    `attention`: "slots" (the default) - edge_spec.model.attend_slots over [H_kv, S, 1, D] buffers viewed head-major:
+    `attention`: "slots" (the default) - edge_spec.model.transformer.attend_slots over [H_kv, S, 1, D] buffers viewed head-major:
     batch-invariant; "sdpa" - ExecuTorch's `llama::custom_sdpa` over [1, S, H_kv, D] buffers, causal from the pass's
     first position (full attention only): faster at T = 1 but its one-row and multi-row paths sum in other orders
     (measured, docs/architecture.md "ExecuTorch path"), so the host check turns speculative decoding off with it.
@@ -214,7 +215,7 @@ def export_drafter_method(program: Program):
 
 def quantize_8da4w(module: nn.Module, skip: tuple[str, ...] = (), head: str | None = None) -> None:
     """int8 per-token dynamic activations x int4 weights in groups of 32 on every Linear whose input width is a
-    multiple of 32, in place: the codes keep each block's min and max exact (edge_spec.exact_int4: symmetric int4
+    multiple of 32, in place: the codes keep each block's min and max exact (edge_spec.exporters.exact_int4: symmetric int4
     for XNNPACK + an fp32 block-offset term; SmolLM2's Q4_1 weights come back bit-exact); the output head `head`
     gets int8 weights per channel (torchao 8da8w), as the ONNX int4 path's 8-bit head. Narrower Linears (tiny test
     models' per-layer inputs) stay fp32, and so do the modules named in `skip` (a drafter's lm_head, which its head
@@ -224,7 +225,7 @@ def quantize_8da4w(module: nn.Module, skip: tuple[str, ...] = (), head: str | No
         from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
         from torchao.quantization.granularity import PerAxis
 
-        from edge_spec.exact_int4 import swap_linears
+        from edge_spec.exporters.exact_int4 import swap_linears
 
     def eligible(fqn: str, m: nn.Module) -> bool:
         return isinstance(m, nn.Linear) and m.in_features % QUANT_GROUP == 0 and fqn not in skip
@@ -276,7 +277,7 @@ def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | No
                   drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
                   max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
                   progress: Callable[[str], None] | None = None, attention: str = "slots") -> Path:
-    """Export `target` (+ `drafter`) to an ExecuTorch bundle at `out`, atomically (edge_spec.bundle.export).
+    """Export `target` (+ `drafter`) to an ExecuTorch bundle at `out`, atomically (edge_spec.contract.bundle.export).
 
     `max_pass` (default 64, or max_draft_len + 1): the most tokens per forward; the program's buffers are planned
     for it and its rings hold W + max_pass keys."""

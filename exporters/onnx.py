@@ -1,6 +1,6 @@
 """ONNX exporter: the target graph (prefill / verify / decode, symbolic T) and the drafter step graph.
 
-Both follow the `io` binding of the KV contract (edge_spec/kv.py): caches are graph inputs with a
+Both follow the `io` binding of the KV contract (edge_spec/contract/kv.py): caches are graph inputs with a
 symbolic length per attention kind (`S_full`, `S_sliding`), graphs return only the new K/V rows
 [1, H_kv, T, D]; IO names, order and shapes come from `kv.target_io` / `kv.drafter_io`.
 
@@ -8,7 +8,7 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
   * one target graph for every T (prefill chunks, verify, T=1 decode): the weights dominate a decode step;
   * symbolic cache length, so the runtime binds only the slot prefix in use (no attention over 2048 empty
     slots); caches keep the contract's head-major [1, H_kv, S, D] layout;
-  * full attention is batch-invariant (edge_spec.model.attend_slots): every key's score and every value sits
+  * full attention is batch-invariant (edge_spec.model.transformer.attend_slots): every key's score and every value sits
     in its slot's column (slot == position; the new V rows are written into a copy of the bound V cache, the
     new keys' scores into the cache scores), so a verify pass reproduces T=1 decode steps bit for bit; this
     costs one copy of the bound V prefix per layer and step (measured in docs/architecture.md). Sliding
@@ -52,15 +52,16 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 from torch import nn
 
-from edge_spec import bundle, kv
-from edge_spec.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
-from edge_spec.checkpoints import LoadedModel
-from edge_spec.drafter import Drafter
+from edge_spec.contract import bundle
+from edge_spec.contract import kv
+from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
+from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
-from edge_spec.formats import FORMATS, check_precision
+from edge_spec.contract.formats import FORMATS, check_precision
 from edge_spec.logs import quiet
-from edge_spec.manifest import GraphEntry, TableEntry
-from edge_spec.model import Transformer
+from edge_spec.contract.manifest import GraphEntry, TableEntry
+from edge_spec.model.transformer import Transformer
 
 ONNX_DIR = "onnx"
 TARGET_FILE = f"{ONNX_DIR}/target.onnx"
@@ -198,7 +199,7 @@ ATTENTION_FORMS = ("slots", "split")
 
 def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "dynamo",
                   attention: str = "slots") -> onnx.ModelProto:
-    """The target graph. `attention`: "slots" (batch-invariant, edge_spec.model.attend_slots; what bundles ship) or
+    """The target graph. `attention`: "slots" (batch-invariant, edge_spec.model.transformer.attend_slots; what bundles ship) or
     "split" (cache part + new part, the form before 2026-11-30): kept only as the negative control of the exactness
     tests and the host check, which must find it not batch-invariant."""
     if attention not in ATTENTION_FORMS:
@@ -216,7 +217,7 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
     s_dims = {kind: torch.export.Dim(kv.slots_dim(kind), min=1, max=layout.slots(kind)) for kind in kinds}
     dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in kinds),
                tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"))
-    model.slot_attention = attention == "slots"  # batch-invariant attention (edge_spec.model.attend_slots)
+    model.slot_attention = attention == "slots"  # batch-invariant attention (edge_spec.model.transformer.attend_slots)
     if kv.SLIDING in kinds and layout.max_pass is not None and model.slot_attention:  # ring slots (uncapped: split)
         model.sliding_ring = layout.slots(kv.SLIDING)
     if exporter == "dynamo":  # onnxruntime's fused rotary / skip-norm kernels (TorchScript cannot emit them)
@@ -521,7 +522,7 @@ def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | No
                   drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
                   max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None, exporter: str = "dynamo",
                   progress: Callable[[str], None] | None = None, attention: str = "slots") -> Path:
-    """Export `target` (+ `drafter`) to an ONNX bundle at `out`, atomically (edge_spec.bundle.export: checks, layout,
+    """Export `target` (+ `drafter`) to an ONNX bundle at `out`, atomically (edge_spec.contract.bundle.export: checks, layout,
     hashes, tokenizer, manifest). `progress(step)` is called before each step (the CLI feeds a tqdm bar).
 
     `max_pass`: the most tokens one forward of the target graph may carry (prefill chunk, verify pass), for

@@ -4,7 +4,7 @@ with onnxruntime's own tools and compiled for a named Snapdragon SoC into EPCont
     edge-spec export --format qnn --soc sm8650 --quant 16a8w|8a8w --out B
 
 The HTP runs no dynamic shapes, so the graphs are fixed-shape (`io` binding: caches are graph inputs, new rows
-outputs; edge_spec.fixed pads passes and holds the caches). The target is `static.PlacedTargetFunction`: per attention
+outputs; edge_spec.runtimes.fixed pads passes and holds the caches). The target is `static.PlacedTargetFunction`: per attention
 kind it takes the mask in slot form, an exact 0 / 1 `keep.<kind>` and `slot_index.<kind>` besides the contract's
 inputs, places new rows into their slots by data movement and attends over the slots (`model.place_rows`,
 `model.attend_concat`: what the HTP compiles; the manifest lists the real input order under `fixed.qnn`). Per graph:
@@ -12,7 +12,7 @@ inputs, places new rows into their slots by data movement and attends over the s
      1x1 Conv (`linears_as_conv`: QNN quantizes Conv weights per output channel, MatMul weights per tensor only);
   2. `qnn_preprocess_model` (QNN-friendly fusions);
   3. calibration on our own prompt data: the shipped bench prompts' tokens plus the target's greedy continuation,
-     run through the fp32 graphs by the same padded runtime the bundle will use (edge_spec.fixed), as chunked
+     run through the fp32 graphs by the same padded runtime the bundle will use (edge_spec.runtimes.fixed), as chunked
      passes at every exported length (and the drafter's steps over them). Activation ranges are merged across
      the target's lengths by tensor name, so every length quantizes every activation with the *same* scale: a
      verify row and a decode step then see the same quantized values (per-length calibration would give them
@@ -29,7 +29,7 @@ inputs, places new rows into their slots by data movement and attends over the s
      each distinct tensor once. (The context binaries still hold one copy each: QNN's weight sharing across them,
      `ep.share_ep_contexts` at compile, wrote one shared .bin, but loading any graph from it segfaulted on the
      x86-64 simulator, with or without the option at load; docs/android-qnn.md.)
-Masked attention entries are fed as MASK_FLOOR (edge_spec.qnn_htp), not -1e30: the mask input has a calibrated range.
+Masked attention entries are fed as MASK_FLOOR (edge_spec.runtimes.qnn_htp), not -1e30: the mask input has a calibrated range.
 Measured on the simulated HTP (docs/android-qnn.md): the bundles run fully on it, and verify rows are bit-identical to
 decode steps (masked values zeroed before P.V: `model.masked_values`; new rows in their cache's encoding:
 `cache_groups`), so speculative decoding runs there; the host check keeps checking it at load.
@@ -51,19 +51,21 @@ import onnx
 import torch
 from torch import nn
 
-from edge_spec import bundle, kv, qnn_htp
-from edge_spec.backend import Session
-from edge_spec.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
-from edge_spec.checkpoints import LoadedModel
-from edge_spec.drafter import Drafter
+from edge_spec.contract import bundle
+from edge_spec.contract import kv
+from edge_spec.runtimes import qnn_htp
+from edge_spec.contract.backend import Session
+from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
+from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.exporters import static
-from edge_spec.fixed import FixedBackend, FixedDrafter, keep_name, pass_lengths, slot_index_name
-from edge_spec.formats import FORMATS
-from edge_spec.generate import generate_plain
+from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter, keep_name, pass_lengths, slot_index_name
+from edge_spec.contract.formats import FORMATS
+from edge_spec.decoding.generate import generate_plain
 from edge_spec.logs import quiet
-from edge_spec.manifest import GraphEntry
-from edge_spec.sampling import SamplingParams
+from edge_spec.contract.manifest import GraphEntry
+from edge_spec.decoding.sampling import SamplingParams
 
 OPSET = 17
 CALIBRATION_PROMPTS = 2  # shipped bench prompts used for calibration
@@ -407,7 +409,7 @@ def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | No
                   drafter_source: str | None = None, precision: str = "16a8w", max_context: int | None = None,
                   max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None, soc: str = qnn_htp.DEFAULT_SOC,
                   host_sink: bool = True, progress: Callable[[str], None] | None = None) -> Path:
-    """Export `target` (+ `drafter`) to a QNN bundle for `soc` at `out`, atomically (edge_spec.bundle.export).
+    """Export `target` (+ `drafter`) to a QNN bundle for `soc` at `out`, atomically (edge_spec.contract.bundle.export).
 
     `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the longest fixed pass length.
     `host_sink` (default): position 0 runs on the host CPU through `qnn/target_sink.onnx` (`float_twin`), and the

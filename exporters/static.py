@@ -1,7 +1,7 @@
 """What the fixed-shape exporters share (Core ML, QNN): the flat signatures of the target at one pass length and of
 the drafter step, their example inputs at fixed shapes, and the model settings those graphs are traced under.
 
-Signatures (names from edge_spec.kv; a format may respell them, e.g. Core ML's "." -> "_"):
+Signatures (names from edge_spec.contract.kv; a format may respell them, e.g. Core ML's "." -> "_"):
   target T:  (input_ids [1, T], position_ids [1, T], mask_{kind} [1, 1, T, S_kind + T] per kind,
               k_cache_{l} / v_cache_{l} [1, H_kv, S_kind, D] per cached layer)
              -> (logits [1, T, V], hidden [1, T, H], k_new_{l} / v_new_{l} [1, H_kv, T, D])
@@ -11,7 +11,7 @@ The drafter holds the target's embedding (and, for head_from="target", its outpu
 positions come in as int32 (what the ANE and the HTP index with) and are widened inside.
 
 The `state` binding (Core ML's MLState): the caches are buffers of the function module, k_cache_{l} / v_cache_{l}
-[1, H_kv, S_f, D] (S_f from edge_spec.fixed.state_slots), written in place:
+[1, H_kv, S_f, D] (S_f from edge_spec.runtimes.fixed.state_slots), written in place:
   target T:  (input_ids [1, T], position_ids [1, T], mask_{kind} [1, 1, T, S_f] (slot form), write_slots_{kind} [T]
               int32) -> (logits [1, T, V], hidden [1, T, H]); every row is written at its slot before attending
   drafter:   (input_ids [1, 1], hidden [1, 1, Ht], position_ids [1, 1], mask_{kind} [1, 1, 1, S_f]) -> as above,
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge_spec import kv
-from edge_spec.drafter import Drafter
-from edge_spec.model import Attention, Transformer, attend_slots, group_mask, spelled_gelu
+from edge_spec.contract import kv
+from edge_spec.model.drafter import Drafter
+from edge_spec.model.transformer import Attention, Transformer, attend_slots, group_mask, spelled_gelu
 
 
 class TargetFunction(nn.Module):
@@ -49,7 +49,7 @@ class TargetFunction(nn.Module):
 class PlacedTargetFunction(nn.Module):
     """(input_ids, position_ids, *slot masks, *keeps, *slot indices, *caches) -> (logits, hidden, *new rows): the QNN
     form. Per kind: the mask in slot form [1, 1, T, S], its keep (1 where the mask is 0) and the slot index [S] int32
-    (edge_spec.fixed.slot_feeds); each
+    (edge_spec.runtimes.fixed.slot_feeds); each
     layer places its new rows into their slots (`model.place_rows`) and attends over the S slots, so every key sits
     in its slot's column whatever T is."""
 

@@ -1,6 +1,6 @@
 """The tools a user would otherwise pick, timed beside us by `edge-spec bench --peer NAME`.
 
-Each peer decodes the same prompt token ids right after our plain run of each prompt (edge_spec.bench.measure), so
+Each peer decodes the same prompt token ids right after our plain run of each prompt (edge_spec.benchmark.bench.measure), so
 both see the same machine state. This package installs as `edge_spec.peers`; the bench core names no peer: the CLI
 options come from `add_arguments`, the runners from `from_args`.
 """
@@ -39,7 +39,7 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace, engine) -> list:
     """The peer runners `args` asks for, built (and their models cached) before the long measurement starts, so a
     missing package or file fails first, not after it."""
-    from edge_spec.gguf_import import cache_root, find_smollm2_gguf
+    from edge_spec.loading.gguf_import import cache_root, find_smollm2_gguf
 
     wanted, cache = args.peer or [], cache_root() / "peers"
     runners = []

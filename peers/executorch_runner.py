@@ -159,7 +159,7 @@ def _native_output_to(path: Path):
 
 class ExecutorchRunnerPeer(PeerTimes):
     """Plain greedy decode through ExecuTorch's TextLLMRunner, same prompts and token budget as the other peers
-    (edge_spec.bench: interleaved with our plain runs). Timing from the runner's own stats (milliseconds), kept by
+    (edge_spec.benchmark.bench: interleaved with our plain runs). Timing from the runner's own stats (milliseconds), kept by
     the peers' shared bookkeeping."""
 
     def __init__(self, pte: Path, tokenizer_json: Path, decode, *, threads: int | None, precision: str):

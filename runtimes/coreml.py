@@ -1,6 +1,6 @@
 """Core ML runtime: the Backend and DrafterBackend over one multifunction .mlpackage (exporters/coreml.py).
 `io` binding: this runtime holds the caches ([1, H_kv, S_kind, D] float32 per cached layer, S_kind the functions'
-fixed slots), passes them to every call and writes the committed rows itself (edge_spec.fixed, shared with QNN).
+fixed slots), passes them to every call and writes the committed rows itself (edge_spec.runtimes.fixed, shared with QNN).
 `state` binding: one state (MLState: `make_state()` of the first function) is passed to every function's prediction,
 the target's and the drafter's; the functions write their rows themselves and `commit` only accepts.
 
@@ -21,10 +21,10 @@ import os
 import platform
 from pathlib import Path
 
-from edge_spec import kv
+from edge_spec.contract import kv
 from edge_spec.errors import BundleError, ConfigError
-from edge_spec.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
-from edge_spec.kv import KVLayout
+from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
+from edge_spec.contract.kv import KVLayout
 from edge_spec.logs import import_coremltools
 
 EXECUTOR_ENV = "EDGE_SPEC_COREML_EXECUTOR"  # "mil": run the package through the MIL reference executor
@@ -69,7 +69,7 @@ def _executor_predictors(package: Path, names: list[str], state: bool) -> dict[s
 
 def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str | None = None,
                 spin: bool = True, compute_units: str | None = None) -> tuple[FixedBackend, FixedDrafter | None]:
-    """The runtime half of the coreml format (edge_spec.formats). `threads`, `provider`, `spin`: not Core ML's."""
+    """The runtime half of the coreml format (edge_spec.contract.formats). `threads`, `provider`, `spin`: not Core ML's."""
     if provider not in (None, "cpu"):
         raise ConfigError(f"the coreml runtime picks its devices with --compute-units, not provider {provider!r}",
                           "drop --provider; use --compute-units all|cpu_and_ne|cpu_and_gpu|cpu")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_spec import kv
-from edge_spec.backend import DraftStep, StepOutput
+from edge_spec.contract import kv
+from edge_spec.contract.backend import DraftStep, StepOutput
 from edge_spec.errors import BundleError, ConfigError
-from edge_spec.kv import KVLayout
+from edge_spec.contract.kv import KVLayout
 from edge_spec.logs import IMPORT_NOISE, quiet
 
 BUCKET = 64
@@ -77,7 +77,7 @@ def set_threads(threads: int | None) -> int:
 
 def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str | None = None,
                 spin: bool = True) -> tuple["ExecutorchBackend", "ExecutorchDrafter | None"]:
-    """The runtime half of the executorch format (edge_spec.formats). `spin` has no meaning here (XNNPACK's pool)."""
+    """The runtime half of the executorch format (edge_spec.contract.formats). `spin` has no meaning here (XNNPACK's pool)."""
     if provider not in (None, "cpu"):
         raise ConfigError(f"the executorch runtime runs XNNPACK on the CPU, not provider {provider!r}",
                           "drop --provider, or export an onnx bundle for onnxruntime's providers")
@@ -99,7 +99,7 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
 
 
 class ExecutorchBackend:
-    """edge_spec.backend.Backend over the program's `target` method (the program owns the caches)."""
+    """edge_spec.contract.backend.Backend over the program's `target` method (the program owns the caches)."""
 
     name = "executorch"
 
@@ -139,7 +139,7 @@ class ExecutorchBackend:
 
 
 class ExecutorchDrafter:
-    """edge_spec.backend.DrafterBackend over the program's `drafter` method, reading the target's cache buffers."""
+    """edge_spec.contract.backend.DrafterBackend over the program's `drafter` method, reading the target's cache buffers."""
 
     def __init__(self, method, target: ExecutorchBackend, sources: dict[str, int]):
         self.method, self.target = method, target

@@ -1,6 +1,6 @@
-"""ONNX Runtime backend (target) and drafter over a bundle's `io` graphs (edge_spec/kv.py, manifest.py).
+"""ONNX Runtime backend (target) and drafter over a bundle's `io` graphs (edge_spec/contract/kv.py, manifest.py).
 
-Caches: edge_spec.io_caches (bucketed views of one flat buffer per cached layer, committed rows written in
+Caches: edge_spec.runtimes.io_caches (bucketed views of one flat buffer per cached layer, committed rows written in
 place). Every input and output is bound once through IOBinding to preallocated buffers and only rebound when T
 or a bucket changes, so a steady-state decode step binds nothing.
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_spec import kv
-from edge_spec.backend import DraftStep, StepOutput
+from edge_spec.contract import kv
+from edge_spec.contract.backend import DraftStep, StepOutput
 from edge_spec.errors import BundleError, ConfigError
-from edge_spec.io_caches import BUCKET, IoCaches, NewRows
-from edge_spec.kv import CacheSpec, KVLayout
+from edge_spec.runtimes.io_caches import BUCKET, IoCaches, NewRows
+from edge_spec.contract.kv import CacheSpec, KVLayout
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "xnnpack": "XnnpackExecutionProvider",
              "coreml": "CoreMLExecutionProvider"}
@@ -85,7 +85,7 @@ def make_session(path: Path, *, provider: str | None = "cpu", threads: int | Non
                           "re-export the bundle with this edge-spec / onnxruntime, or update onnxruntime") from err
     session._edge_spec_keepalive = keep
     session._edge_spec_identity = (f"onnxruntime {ort.__version__}, {name}, "
-                                   f"{threads or 'default'} intra-op threads")  # edge_spec.hostcheck's cache key
+                                   f"{threads or 'default'} intra-op threads")  # edge_spec.decoding.hostcheck's cache key
     return session
 
 
@@ -110,9 +110,9 @@ def check_graph_io(session, io: kv.GraphIO, path: Path) -> None:
 
 def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str | None = None,
                 spin: bool = True) -> tuple["OrtBackend", "OrtDrafter | None"]:
-    """The runtime half of the onnx format (edge_spec.formats): target session (spinning unless `spin` is False) +
+    """The runtime half of the onnx format (edge_spec.contract.formats): target session (spinning unless `spin` is False) +
     drafter session (never spinning), both binding the bundle's memory-mapped shared tables."""
-    from edge_spec.manifest import read_table
+    from edge_spec.contract.manifest import read_table
 
     tables = {name: read_table(folder, entry) for name, entry in manifest.tables.items()}
     target_entry = manifest.graphs["target"]
@@ -153,7 +153,7 @@ def _bind(binding, name: str, array: np.ndarray, output: bool = False) -> None:
 
 
 class OrtBackend:
-    """edge_spec.backend.Backend over an ONNX Runtime session of the bundle's target graph."""
+    """edge_spec.contract.backend.Backend over an ONNX Runtime session of the bundle's target graph."""
 
     name = "ort"
 
@@ -250,7 +250,7 @@ class OrtBackend:
 
 
 class OrtDrafter:
-    """edge_spec.backend.DrafterBackend over the bundle's drafter graph, reading the OrtBackend's caches."""
+    """edge_spec.contract.backend.DrafterBackend over the bundle's drafter graph, reading the OrtBackend's caches."""
 
     def __init__(self, session, target: OrtBackend, sources: dict[str, int], tables: dict[str, np.ndarray],
                  candidates: int):

@@ -1,6 +1,6 @@
 """Node-by-node comparison of a one-token decode step with row 0 of a verify pass (`edge-spec check --nodes`).
 
-The host check (edge_spec.hostcheck) says *whether* verify rows equal decode steps on this machine; this tool says
+The host check (edge_spec.decoding.hostcheck) says *whether* verify rows equal decode steps on this machine; this tool says
 *where* they first part: every node output of the bundle's target graph is made a graph output, the graph runs once
 over T tokens at position p and once over the first of them alone, and the outputs are compared node by node in
 graph order. It is how the AMD EPYC finding was made (onnxruntime's 4-bit MatMulNBits: its one-row kernel sums in
@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from edge_spec import kv
-from edge_spec.kv import KVLayout, KVState
+from edge_spec.contract import kv
+from edge_spec.contract.kv import KVLayout, KVState
 
 _FLOAT_OPS = {"MatMul", "MatMulNBits", "FusedMatMul", "Gemm", "Softmax", "Add", "Mul", "Sub", "Div", "Sqrt",
               "Sigmoid", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "RotaryEmbedding"}
@@ -136,7 +136,7 @@ def node_diff(folder: str | Path, *, start: int = 40, tokens: int = 5, threads: 
     """Compare a verify pass of `tokens` random tokens at position `start` with a step over the first token."""
     import onnx
 
-    from edge_spec.manifest import read_manifest, read_table
+    from edge_spec.contract.manifest import read_manifest, read_table
 
     folder = Path(folder)
     manifest = read_manifest(folder)

@@ -1,5 +1,5 @@
 """QNN runtime: the Backend and DrafterBackend over a qnn bundle's fixed-shape graphs (exporters/qnn.py), `io` binding
-(edge_spec.fixed pads each pass to the next exported length and holds the caches).
+(edge_spec.runtimes.fixed pads each pass to the next exported length and holds the caches).
 
 Providers (`--provider`):
   * `qnn` (default): the EPContext models (`qnn/<graph>.ctx.onnx`, the context binaries compiled for the bundle's
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_spec import qnn_htp
+from edge_spec.runtimes import qnn_htp
 from edge_spec.errors import BundleError, ConfigError
-from edge_spec.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
-from edge_spec.kv import KVLayout
+from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
+from edge_spec.contract.kv import KVLayout
 
 PROVIDERS = ("qnn", "cpu")
 _FIX = "re-export the bundle: edge-spec export --format qnn --out DIR"
@@ -66,7 +66,7 @@ def open_session(path: Path, provider: str, soc: qnn_htp.Soc, threads: int | Non
 
 def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str | None = None,
                 spin: bool = True) -> tuple[FixedBackend, FixedDrafter | None]:
-    """The runtime half of the qnn format (edge_spec.formats). `spin`: not QNN's (ignored)."""
+    """The runtime half of the qnn format (edge_spec.contract.formats). `spin`: not QNN's (ignored)."""
     provider = provider or "qnn"
     if provider not in PROVIDERS:
         raise ConfigError(f"the qnn runtime has no provider {provider!r}",

@@ -12,9 +12,9 @@ import time
 import numpy as np
 import torch
 
-from edge_spec.backend import StepOutput
-from edge_spec.kv import FULL, SLIDING, CacheSpec, KVLayout, source_caches
-from edge_spec.model import Transformer
+from edge_spec.contract.backend import StepOutput
+from edge_spec.contract.kv import FULL, SLIDING, CacheSpec, KVLayout, source_caches
+from edge_spec.model.transformer import Transformer
 
 
 class TorchBackend:
@@ -26,7 +26,7 @@ class TorchBackend:
             torch.set_num_threads(threads)
         self.model = model
         self.layout = layout
-        # batch-invariant attention (edge_spec.model.attend_slots), as the exported graphs run it: every key in
+        # batch-invariant attention (edge_spec.model.transformer.attend_slots), as the exported graphs run it: every key in
         # its slot's column, so a verify row repeats a decode step's sums; off: the split form (no cache copy)
         self.slot_attention = slot_attention
         self.specs: list[CacheSpec] = list(layout.caches)
@@ -107,7 +107,7 @@ class TorchDrafter:
 
     @torch.no_grad()
     def step(self, token: int, hidden: np.ndarray) -> "DraftStep":
-        from edge_spec.backend import DraftStep
+        from edge_spec.contract.backend import DraftStep
 
         position_ids, masks, kv = self._burst
         embed = self.target.model.embed(torch.tensor([[token]]))  # [1, 1, Ht]

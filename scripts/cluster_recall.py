@@ -13,8 +13,8 @@ import argparse
 import numpy as np
 import torch
 
-from edge_spec import checkpoints
-from edge_spec.clustering import balanced_kmeans, recall
+from edge_spec.loading import checkpoints
+from edge_spec.model.clustering import balanced_kmeans, recall
 from edge_spec.train.data import stdlib_root
 from edge_spec.train.teacher import extract
 

@@ -10,7 +10,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from edge_spec import checkpoints
+from edge_spec.loading import checkpoints
 from edge_spec.exporters import coreml
 
 

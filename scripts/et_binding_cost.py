@@ -24,12 +24,13 @@ import numpy as np
 import torch
 from truncated import truncated_smollm2
 
-from edge_spec import checkpoints, kv
-from edge_spec.config import kv_layout
-from edge_spec.io_caches import IoCaches, NewRows
+from edge_spec.loading import checkpoints
+from edge_spec.contract import kv
+from edge_spec.model.config import kv_layout
+from edge_spec.runtimes.io_caches import IoCaches, NewRows
 from edge_spec.exporters import executorch as et_export
 from edge_spec.exporters.onnx import TargetGraph
-from edge_spec.model import spelled_gelu
+from edge_spec.model.transformer import spelled_gelu
 from edge_spec.runtimes import executorch as et_runtime
 
 BUCKET = et_runtime.BUCKET  # both forms attend over multiples of 64 slots
@@ -66,7 +67,7 @@ def lower_io(model, layout):
 
 
 class IoRunner:
-    """The runtime half of the io form, on edge_spec.io_caches (the ONNX runtime's cache bookkeeping): bucketed
+    """The runtime half of the io form, on edge_spec.runtimes.io_caches (the ONNX runtime's cache bookkeeping): bucketed
     cache views as the method's inputs, all T new rows committed after each pass (the probe accepts every row)."""
 
     def __init__(self, method, layout):

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge_spec import checkpoints
+from edge_spec.loading import checkpoints
 from edge_spec.api import load_bundle
-from edge_spec.bench import DEFAULT_PROMPTS
-from edge_spec.exact_int4 import swap_linears
+from edge_spec.benchmark.bench import DEFAULT_PROMPTS
+from edge_spec.exporters.exact_int4 import swap_linears
 from edge_spec.train.evaluate import read_prompts
 
 
@@ -47,7 +47,7 @@ def linear(m, fqn):
     return isinstance(m, nn.Linear)
 
 
-# variant -> [(config, filter)] for torchao's quantize_, or "exact" steps through edge_spec.exact_int4
+# variant -> [(config, filter)] for torchao's quantize_, or "exact" steps through edge_spec.exporters.exact_int4
 VARIANTS = {
     "torchao": [("w4", linear)],  # the form before 2026-12-02
     "torchao_hqq": [("w4_hqq", linear)],

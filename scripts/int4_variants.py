@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from edge_spec.api import load_bundle
-from edge_spec.bench import DEFAULT_PROMPTS, machine
+from edge_spec.benchmark.bench import DEFAULT_PROMPTS, machine
 from edge_spec.train.evaluate import read_prompts
 
 import verify_cost  # noqa: E402  (scripts/ is on sys.path when run as a script)

@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from edge_spec.bench import machine
+from edge_spec.benchmark.bench import machine
 from edge_spec.exporters.onnx import quantize_blocks
 
 K, N = 576, 1536

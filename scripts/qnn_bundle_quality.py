@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from edge_spec import checkpoints
+from edge_spec.loading import checkpoints
 from edge_spec.api import load_bundle
-from edge_spec.backend import Session
+from edge_spec.contract.backend import Session
 from edge_spec.runtimes.torch import TorchBackend
 
 PROMPTS = ("What is the capital of France?", "Explain speculative decoding in two sentences.")

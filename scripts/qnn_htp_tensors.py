@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edge_spec import qnn_htp
+from edge_spec.runtimes import qnn_htp
 from edge_spec.api import load_bundle
 from edge_spec.runtimes.qnn import open_session
 

@@ -39,7 +39,7 @@ VARIANTS = {
 def export_variant(folder: Path, out: Path, variant: tuple, compile_htp: bool, max_pass: int) -> float:
     import onnxruntime.quantization.execution_providers.qnn as qnn_tools
 
-    from edge_spec import checkpoints
+    from edge_spec.loading import checkpoints
     from edge_spec.exporters import qnn
 
     overrides, keywords, off = variant
@@ -69,10 +69,10 @@ def export_variant(folder: Path, out: Path, variant: tuple, compile_htp: bool, m
 
 
 def compare(folder: Path, bundle: Path, n_prompts: int, max_pass: int) -> dict:
-    from edge_spec import checkpoints
+    from edge_spec.loading import checkpoints
     from edge_spec.api import load_bundle
-    from edge_spec.backend import Session
-    from edge_spec.bench import DEFAULT_PROMPTS
+    from edge_spec.contract.backend import Session
+    from edge_spec.benchmark.bench import DEFAULT_PROMPTS
     from edge_spec.runtimes.torch import TorchBackend
     from edge_spec.train.evaluate import read_prompts
 

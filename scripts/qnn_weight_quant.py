@@ -26,10 +26,10 @@ def fake_quant(w: torch.Tensor, per_channel: bool) -> torch.Tensor:
 def main() -> None:
     from transformers import LlamaForCausalLM
 
-    from edge_spec import checkpoints
+    from edge_spec.loading import checkpoints
     from edge_spec.api import load
-    from edge_spec.bench import DEFAULT_PROMPTS
-    from edge_spec.gguf_import import cache_root
+    from edge_spec.benchmark.bench import DEFAULT_PROMPTS
+    from edge_spec.loading.gguf_import import cache_root
     from edge_spec.train.evaluate import read_prompts
 
     load("smollm2-135m", drafter=None)  # converts the built-in GGUF once

@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 
 from edge_spec.api import load_bundle
-from edge_spec.bench import DEFAULT_PROMPTS
+from edge_spec.benchmark.bench import DEFAULT_PROMPTS
 from edge_spec.train.evaluate import read_prompts
 
 

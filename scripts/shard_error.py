@@ -12,7 +12,7 @@ import argparse
 import numpy as np
 import torch
 
-from edge_spec import checkpoints
+from edge_spec.loading import checkpoints
 from edge_spec.train import shard_quant
 from edge_spec.train.data import iter_documents, stdlib_root
 from edge_spec.train.teacher import extract

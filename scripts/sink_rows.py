@@ -7,9 +7,9 @@ a row that attends to nothing but itself computes (RoPE is relative, so it is a 
 
 from __future__ import annotations
 
-from edge_spec import checkpoints
-from edge_spec.backend import Session
-from edge_spec.config import kv_layout
+from edge_spec.loading import checkpoints
+from edge_spec.contract.backend import Session
+from edge_spec.model.config import kv_layout
 from edge_spec.runtimes.torch import TorchBackend
 
 

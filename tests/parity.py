@@ -3,8 +3,8 @@
 import numpy as np
 
 from edge_spec.api import load_bundle
-from edge_spec.backend import Session
-from edge_spec.drafter import check_pair
+from edge_spec.contract.backend import Session
+from edge_spec.model.drafter import check_pair
 from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 
 LOGITS_TOL = 1e-4  # fp32 exported vs eager, max abs (tiny models: logits ~1, so ~1,000 ulps of headroom)

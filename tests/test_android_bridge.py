@@ -81,7 +81,7 @@ def llama_pte(tiny_llama_pte, tmp_path_factory):
     runs .pte bundles), copied with a byte-level BPE tokenizer.json of the same vocabulary re-recorded in its
     manifest, so text prompts (chat template, non-ASCII, emoji) cross the bridge too (the tiny checkpoints'
     word-level tokenizer is not one the runner reads). Tokens are ids to the model: the program is unchanged."""
-    from edge_spec.manifest import MANIFEST, sha256_file
+    from edge_spec.contract.manifest import MANIFEST, sha256_file
     from tests.tiny import llama_config
 
     out = tmp_path_factory.mktemp("android") / "llama"
@@ -154,7 +154,7 @@ def smollm2_android_pte(smollm2, converted):
     """SmolLM2-135M + the built-in drafter as one fp32 .pte (what `edge-spec export --format executorch` writes; ~8 min
     on 2 cores). Reuses tests/test_native.py's export when that ran earlier in the same session."""
     from edge_spec.api import resolve_drafter
-    from edge_spec.drafter import load_drafter
+    from edge_spec.model.drafter import load_drafter
     from edge_spec.exporters.executorch import export_bundle
 
     shared = converted.parent / "bundle-native-fp32"

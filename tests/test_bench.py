@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from edge_spec import checkpoints
+from edge_spec.loading import checkpoints
 from edge_spec.api import load_bundle
-from edge_spec.bench import Tally, markdown, measure, summary
+from edge_spec.benchmark.bench import Tally, markdown, measure, summary
 from edge_spec.cli import main
-from edge_spec.drafter import new_drafter
+from edge_spec.model.drafter import new_drafter
 from edge_spec.errors import ConfigError
 from edge_spec.exporters.onnx import export_bundle
 
@@ -194,7 +194,7 @@ def test_onnxruntime_genai_peer_decodes_the_same_model(bundles, tiny_llama, tmp_
 
 
 def test_bench_eager_runtime_from_a_checkpoint(tiny_llama, tmp_path):
-    from edge_spec.drafter import save_drafter
+    from edge_spec.model.drafter import save_drafter
 
     target = checkpoints.load(str(tiny_llama[0]))
     folder = save_drafter(new_drafter(target.config, seed=3, hidden_size=32, num_layers=1, intermediate_size=64,

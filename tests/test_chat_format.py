@@ -1,10 +1,10 @@
-"""edge_spec.chat_format: detecting the simple form a chat template renders, and its Python renderer."""
+"""edge_spec.loading.chat_format: detecting the simple form a chat template renders, and its Python renderer."""
 
 import random
 
 import pytest
 
-from edge_spec.chat_format import CHATML, GEMMA, ChatFormat, detect_chat_format, render_chat, render_template
+from edge_spec.loading.chat_format import CHATML, GEMMA, ChatFormat, detect_chat_format, render_chat, render_template
 
 # SmolLM2-135M-Instruct's template, as its GGUF carries it (tokenizer.chat_template).
 SMOLLM2_TEMPLATE = (
@@ -64,7 +64,7 @@ def test_gemma_style_template_is_gemma_with_its_bos_text():
 
 
 def test_the_gemma3_importers_template_is_gemma():
-    gguf_gemma3 = pytest.importorskip("edge_spec.gguf_gemma3")
+    gguf_gemma3 = pytest.importorskip("edge_spec.loading.gguf_gemma3")
     fmt = detect_chat_format(gguf_gemma3.GEMMA_TURN_TEMPLATE, bos_token="<bos>", eos_token="<eos>")
     assert fmt == ChatFormat(GEMMA, bos_token="<bos>")
     for chat, generation in conversations(seed=3, count=300):  # the importer's template: any chat, not just probes

@@ -117,15 +117,15 @@ def test_console_script_exit_code_without_traceback(tmp_path):
 
 def test_builtin_smollm2_through_the_cli(capsys, smollm2, monkeypatch):
     """The real default model end to end (the conversion cache points at the session's fresh conversion)."""
-    monkeypatch.setattr("edge_spec.checkpoints.resolve", lambda model: smollm2.folder)
+    monkeypatch.setattr("edge_spec.loading.checkpoints.resolve", lambda model: smollm2.folder)
     code, out, err = run_cli(capsys, "--prompt", "What is the capital of France?", "--chat", "--max-new-tokens", "24")
     assert code == 0 and "Paris" in out and "stop: eos" in err
 
 
 @pytest.fixture()
 def drafter_folder(folder, tmp_path):
-    from edge_spec import checkpoints
-    from edge_spec.drafter import new_drafter, save_drafter
+    from edge_spec.loading import checkpoints
+    from edge_spec.model.drafter import new_drafter, save_drafter
 
     cfg = checkpoints.load(str(folder)).config
     return save_drafter(new_drafter(cfg, hidden_size=32, num_layers=1, intermediate_size=64, num_centroids=16,

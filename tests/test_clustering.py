@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edge_spec.clustering import Clustering, balanced_assign, balanced_kmeans, recall
+from edge_spec.model.clustering import Clustering, balanced_assign, balanced_kmeans, recall
 from edge_spec.errors import ConfigError
 
 

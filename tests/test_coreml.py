@@ -13,21 +13,22 @@ import platform
 import numpy as np
 import pytest
 
-from edge_spec import checkpoints, kv
+from edge_spec.loading import checkpoints
+from edge_spec.contract import kv
 from edge_spec.api import load_bundle
-from edge_spec.backend import Session
+from edge_spec.contract.backend import Session
 from edge_spec.cli import main
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.exporters.coreml import DRAFTER_FUNCTION, PACKAGE, export_bundle, target_function
-from edge_spec.fixed import pass_lengths
-from edge_spec.generate import generate_plain
-from edge_spec.manifest import MANIFEST, read_manifest
+from edge_spec.runtimes.fixed import pass_lengths
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.contract.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes import coreml_mil
-from edge_spec.fixed import pad_mask, slot_feeds
+from edge_spec.runtimes.fixed import pad_mask, slot_feeds
 from edge_spec.runtimes.coreml import EXECUTOR_ENV
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.sampling import SamplingParams
-from edge_spec.speculative import generate_speculative
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import generate_speculative
 from tests.parity import assert_drafter_matches_eager, assert_target_matches_eager, chunked_logits, prompt_ids
 from tests.test_executorch import OracleDrafter
 from tests.test_onnx import differing_windows, host_checked_session, tiny_drafter
@@ -101,7 +102,7 @@ def test_weights_are_stored_once_across_functions(llama):
 
 def test_pad_mask_keeps_real_rows_and_gives_pad_rows_the_last_real_rows_view():
     """A pad row must not see only itself: to the model that is a position-0 row, which SmolLM2 gives its
-    attention-sink activation, and a quantized graph calibrated over such rows is noise (edge_spec/fixed.py)."""
+    attention-sink activation, and a quantized graph calibrated over such rows is noise (runtimes/fixed.py)."""
     mask = kv.attention_mask(np.array([0, 1, -1, -1]), np.array([2, 3]), None)[None, None]  # [1, 1, 2, 4 + 2]
     out = pad_mask(mask, t=2, n=4, s=4, s_f=6)  # [1, 1, 4, 6 + 4]
     assert out.shape == (1, 1, 4, 10)
@@ -217,7 +218,7 @@ def test_state_package_declares_one_set_of_states(gemma_state):
     """Every function (target lengths and drafter) declares the same fp16 states, one per cached layer's K and V,
     [1, H_kv, S_f, D] with S_f a multiple of 32 holding the layout's slots and a spare one; no cache is an input or
     output; the manifest says what a runner outside Python feeds."""
-    from edge_spec import fixed
+    from edge_spec.runtimes import fixed
 
     m = read_manifest(gemma_state[0])
     assert (m.binding, m.layout.binding) == ("state", "state")
@@ -244,7 +245,7 @@ def test_state_package_declares_one_set_of_states(gemma_state):
 def _round_kv(monkeypatch):
     """Eager attention with every new key and value rounded to fp16 before it is used or cached, as the states hold
     them: the reference a `--kv state` package matches to the fp32 tolerance."""
-    from edge_spec.model import Attention
+    from edge_spec.model.transformer import Attention
 
     attend = Attention._attend
 
@@ -289,7 +290,7 @@ def test_state_pad_rows_write_only_the_spare_slot(llama_state, monkeypatch):
     """Passes of 4 tokens run the T = 5 function with one pad row each: they give the bits of one-token passes (the
     pad row went to the spare slot, which no mask shows). Negative control: pad rows sent to slot 0 (a committed
     key) instead change the logits, so a wrong write destination cannot go unseen."""
-    from edge_spec import fixed
+    from edge_spec.runtimes import fixed
 
     engine = load_bundle(llama_state[0], host_check=False)
     ids = prompt_ids(20, seed=2)
@@ -424,7 +425,7 @@ def smollm2_package(smollm2, converted):
     import time
 
     from edge_spec.api import resolve_drafter
-    from edge_spec.drafter import load_drafter
+    from edge_spec.model.drafter import load_drafter
 
     drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
     start = time.perf_counter()

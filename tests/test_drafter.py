@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from edge_spec import checkpoints
-from edge_spec.backend import Session
-from edge_spec.config import kv_layout
-from edge_spec.drafter import check_pair, load_drafter, new_drafter, save_drafter
-from edge_spec.config import from_hf_dict
+from edge_spec.loading import checkpoints
+from edge_spec.contract.backend import Session
+from edge_spec.model.config import kv_layout
+from edge_spec.model.drafter import check_pair, load_drafter, new_drafter, save_drafter
+from edge_spec.model.config import from_hf_dict
 from edge_spec.errors import CheckpointError
 from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
-from edge_spec.sampling import SamplingParams
-from edge_spec.speculative import generate_speculative
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import generate_speculative
 from tests.tiny import gemma4_assistant, gemma4_config, llama_config, save_reference
 
 PROMPT = [int(i) for i in np.random.default_rng(3).integers(4, 320, 10)]

@@ -1,9 +1,9 @@
-"""edge_spec.exact_int4: Q4_1-grid weights (lo + d * q per block of 32) survive the symmetric-int4 + offset split
+"""edge_spec.exporters.exact_int4: Q4_1-grid weights (lo + d * q per block of 32) survive the symmetric-int4 + offset split
 bit-exactly; torchao's own symmetric int4 does not (the negative control)."""
 
 import torch
 
-from edge_spec.exact_int4 import OffsetLinear, dequantize, q4_codes, swap_linears
+from edge_spec.exporters.exact_int4 import OffsetLinear, dequantize, q4_codes, swap_linears
 
 
 def q4_1_grid(n: int, k: int, seed: int = 0) -> torch.Tensor:

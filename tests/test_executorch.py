@@ -9,17 +9,18 @@ import json
 import numpy as np
 import pytest
 
-from edge_spec import checkpoints, kv
+from edge_spec.loading import checkpoints
+from edge_spec.contract import kv
 from edge_spec.api import load_bundle
-from edge_spec.backend import DraftStep, Session
+from edge_spec.contract.backend import DraftStep, Session
 from edge_spec.cli import main
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.exporters.executorch import DRAFTER_METHOD, PROGRAM_FILE, TARGET_METHOD, export_bundle
-from edge_spec.generate import generate_plain
-from edge_spec.manifest import MANIFEST, read_manifest, sha256_file
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.contract.manifest import MANIFEST, read_manifest, sha256_file
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.sampling import SamplingParams
-from edge_spec.speculative import generate_speculative
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import generate_speculative
 from tests.parity import assert_drafter_matches_eager, assert_target_matches_eager, prompt_ids
 from tests.test_onnx import differing_windows, host_checked_session, tiny_drafter
 
@@ -187,7 +188,7 @@ def test_cli_export_generate_and_errors(tiny_llama, llama, tmp_path, capsys):
 def test_8da4w_logits_within_bound_and_speculative_exact(llama, tmp_path):
     """int8 dynamic activations x int4 weights (groups of 32): logits within a relative bound of eager fp32 on the
     tiny random llama (set when torchao's symmetric int4 measured 6-9% of the logits' scale; the exact-code form
-    of edge_spec.exact_int4 passes it too), top-1 agreement >= 0.85, and greedy
+    of edge_spec.exporters.exact_int4 passes it too), top-1 agreement >= 0.85, and greedy
     speculative == plain through the quantized program."""
     _, target, drafter = llama
     folder = export_bundle(target, tmp_path / "q", drafter=drafter, precision="8da4w", max_context=64)
@@ -210,7 +211,7 @@ def test_8da4w_logits_within_bound_and_speculative_exact(llama, tmp_path):
 def smollm2_pte(smollm2, converted):
     """SmolLM2-135M + the built-in drafter as one fp32 .pte (~8 min to export on 2 cores, 3.2 GB peak RSS)."""
     from edge_spec.api import resolve_drafter
-    from edge_spec.drafter import load_drafter
+    from edge_spec.model.drafter import load_drafter
 
     drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
     return export_bundle(smollm2, converted.parent / "bundle-et-fp32", drafter=drafter, max_context=256)

@@ -11,14 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from edge_spec import checkpoints, gguf_gemma3, gguf_import
-from edge_spec.backend import Session
-from edge_spec.config import FULL, GEMMA3, SLIDING, kv_layout
-from edge_spec.generate import generate_plain
-from edge_spec.gguf_import import HF_FILES, GGUFImportError
+from edge_spec.loading import checkpoints
+from edge_spec.loading import gguf_gemma3
+from edge_spec.loading import gguf_import
+from edge_spec.contract.backend import Session
+from edge_spec.model.config import FULL, GEMMA3, SLIDING, kv_layout
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.loading.gguf_import import HF_FILES, GGUFImportError
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.sampling import SamplingParams
-from edge_spec.tokenizer import Tokenizer
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.loading.tokenizer import Tokenizer
 from tests.tiny import gemma3_config, save_gemma3_reference
 
 TINY_TOL = 1e-5
@@ -135,7 +137,7 @@ def test_drafter_for_a_gemma3_target_is_lossless(tmp_path):
     """A Gemma-4-assistant-shaped drafter on a Gemma-3 target: it takes the target's RoPE exactly (torch's pow),
     reads its last sliding and last full layer, survives a save / load, and greedy speculative == plain."""
     import edge_spec
-    from edge_spec.drafter import check_pair, new_drafter, save_drafter
+    from edge_spec.model.drafter import check_pair, new_drafter, save_drafter
 
     save_gemma3_reference(gemma3_config(), tmp_path / "target")
     target = checkpoints.load(str(tmp_path / "target"))

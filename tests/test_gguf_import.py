@@ -1,4 +1,4 @@
-"""Tests for edge_spec.gguf_import against transformers' own GGUF loader.
+"""Tests for edge_spec.loading.gguf_import against transformers' own GGUF loader.
 
 The reference model and tokenizer (transformers reading the GGUF directly) are
 slow to build, so each is made once per session.
@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from edge_spec import gguf_import
-from edge_spec.gguf_import import (
+from edge_spec.loading import gguf_import
+from edge_spec.loading.gguf_import import (
     HF_FILES,
     GGUFImportError,
     builtin_smollm2_folder,

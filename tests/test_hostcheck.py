@@ -1,4 +1,4 @@
-"""The host check (edge_spec.hostcheck) and the row modes of Session: probe logic on backends whose kernels are made
+"""The host check (edge_spec.decoding.hostcheck) and the row modes of Session: probe logic on backends whose kernels are made
 to differ on purpose (so the verdicts are known whatever CPU runs the test), windows, cache, verdict, CLI."""
 
 import json
@@ -6,13 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from edge_spec import checkpoints, hostcheck
-from edge_spec.backend import Session, StepOutput
+from edge_spec.loading import checkpoints
+from edge_spec.decoding import hostcheck
+from edge_spec.contract.backend import Session, StepOutput
 from edge_spec.cli import main
-from edge_spec.config import kv_layout
+from edge_spec.model.config import kv_layout
 from edge_spec.exporters.onnx import export_bundle
-from edge_spec.hostcheck import HostCheck, probe, probe_windows
-from edge_spec.kv import CacheSpec, KVLayout
+from edge_spec.decoding.hostcheck import HostCheck, probe, probe_windows
+from edge_spec.contract.kv import CacheSpec, KVLayout
 from edge_spec.runtimes.torch import TorchBackend
 from tests.test_onnx import tiny_drafter
 

@@ -1,10 +1,10 @@
-"""edge_spec.io_caches: bucketed cache views keep every committed row through bucket moves and ring wraps (against a
+"""edge_spec.runtimes.io_caches: bucketed cache views keep every committed row through bucket moves and ring wraps (against a
 plain [1, H_kv, S, D] array per layer written with the same plan)."""
 
 import numpy as np
 
-from edge_spec import kv
-from edge_spec.io_caches import IoCaches, NewRows
+from edge_spec.contract import kv
+from edge_spec.runtimes.io_caches import IoCaches, NewRows
 
 # two full layers of one shape (one store), one with other heads, a 12-slot ring
 LAYOUT = kv.KVLayout((kv.CacheSpec(0, kv.FULL, 2, 4, 40, None), kv.CacheSpec(1, kv.SLIDING, 3, 4, 12, 8),

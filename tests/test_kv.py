@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from edge_spec.errors import ConfigError, ContextOverflowError, KVStateError
-from edge_spec.kv import (BINDING_STATE, FULL, SLIDING, CacheSpec, KVLayout, KVState, attention_mask, commit_slots,
+from edge_spec.contract.kv import (BINDING_STATE, FULL, SLIDING, CacheSpec, KVLayout, KVState, attention_mask, commit_slots,
                           ring_slots)
 
 V = 0.0  # visible

@@ -1,16 +1,16 @@
-"""Retrieval drafting (edge_spec.lookup): exact proposals against a brute-force oracle, and lossless in the loop."""
+"""Retrieval drafting (edge_spec.decoding.lookup): exact proposals against a brute-force oracle, and lossless in the loop."""
 
 import numpy as np
 import pytest
 
-from edge_spec import checkpoints
-from edge_spec.backend import Session
-from edge_spec.config import kv_layout
-from edge_spec.generate import generate_plain
-from edge_spec.lookup import PromptLookup
+from edge_spec.loading import checkpoints
+from edge_spec.contract.backend import Session
+from edge_spec.model.config import kv_layout
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.decoding.lookup import PromptLookup
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.sampling import SamplingParams
-from edge_spec.speculative import generate_speculative
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import generate_speculative
 
 
 def brute_force(ctx, k, max_n=4, min_n=2):
@@ -62,7 +62,7 @@ def test_lookup_in_the_loop_is_lossless_and_fires_on_repetitive_text(tiny_llama)
             pass
 
         def step(self, token, hidden):
-            from edge_spec.backend import DraftStep
+            from edge_spec.contract.backend import DraftStep
             return DraftStep(np.array([3]), np.array([0.0], dtype=np.float32), hidden)
 
     plain = generate_plain(session, prompt, max_new_tokens=40, params=params, rng=np.random.default_rng(5),

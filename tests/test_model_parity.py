@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from edge_spec import checkpoints
-from edge_spec.backend import Session
-from edge_spec.config import kv_layout
+from edge_spec.loading import checkpoints
+from edge_spec.contract.backend import Session
+from edge_spec.model.config import kv_layout
 from edge_spec.runtimes.torch import TorchBackend
 from tests.tiny import gemma4_config, save_reference
 

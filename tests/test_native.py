@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_spec import checkpoints
+from edge_spec.loading import checkpoints
 from edge_spec.api import load_bundle
-from edge_spec.generate import generate_plain
-from edge_spec.manifest import MANIFEST, sha256_file
-from edge_spec.sampling import SamplingParams
-from edge_spec.speculative import generate_speculative
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.contract.manifest import MANIFEST, sha256_file
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import generate_speculative
 from tests.parity import prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,10 +231,10 @@ def test_bad_arguments_fail_before_any_work(native, llama_pte):
 
 # ---- seeded sampling: one portable RNG in both languages ------------------------------------------------------
 def test_seeded_sampling_draws_the_python_tokens(native, bundle):
-    """edge_spec.portable_rng.PortableRng and the runner's PortableRng (SplitMix64) give the same uniforms, and the
+    """edge_spec.decoding.portable_rng.PortableRng and the runner's PortableRng (SplitMix64) give the same uniforms, and the
     sampling maths is the same float64 recipe: a seeded run samples the Python loop's tokens, plain and speculative
     (rejection sampling over the drafter's sampled drafts)."""
-    from edge_spec.portable_rng import PortableRng
+    from edge_spec.decoding.portable_rng import PortableRng
 
     ids = prompt_ids(9, seed=4)
     params = SamplingParams(temperature=0.9, top_k=40, top_p=0.95)
@@ -251,7 +251,7 @@ def test_seeded_sampling_draws_the_python_tokens(native, bundle):
 
 
 def test_portable_rng_is_splitmix64():
-    from edge_spec.portable_rng import PortableRng
+    from edge_spec.decoding.portable_rng import PortableRng
 
     rng = PortableRng(0)
     assert [rng.next_u64() for _ in range(2)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]  # the published sequence
@@ -272,10 +272,10 @@ def _vector_writer():
 
 
 def test_kv_vectors_are_what_edge_spec_kv_computes():
-    """The committed vectors == what edge_spec/kv.py computes now (a contract change regenerates them:
+    """The committed vectors == what edge_spec/contract/kv.py computes now (a contract change regenerates them:
     .venv/bin/python runtimes/native/tests/make_kv_vectors.py runtimes/native/tests/vectors/kv_cases.json)."""
     assert json.loads(VECTORS.read_text()) == json.loads(json.dumps(_vector_writer().vectors())), (
-        "edge_spec/kv.py changed: regenerate the shared vectors and make runtimes/native/src/kv.cpp pass them")
+        "edge_spec/contract/kv.py changed: regenerate the shared vectors and make runtimes/native/src/kv.cpp pass them")
 
 
 def test_kv_vectors_pass_in_cpp(native):
@@ -289,7 +289,7 @@ def test_kv_vectors_pass_in_cpp(native):
 def smollm2_native_pte(request, smollm2, converted):
     """SmolLM2-135M + the built-in drafter as one .pte (fp32: ~8 min to export on 2 cores; 8da4w: longer)."""
     from edge_spec.api import resolve_drafter
-    from edge_spec.drafter import load_drafter
+    from edge_spec.model.drafter import load_drafter
     from edge_spec.exporters.executorch import export_bundle
 
     drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))

@@ -224,7 +224,7 @@ def differential(tools: dict[str, Path], folder: Path, work: Path, *, strings: i
 def smollm2_tokenizer_folder(tmp_path_factory) -> Path:
     """SmolLM2's tokenizer.json + tokenizer_config.json from the GGUF's tokenizer metadata only (no weights),
     the way convert_gguf_to_hf writes them."""
-    from edge_spec import gguf_import
+    from edge_spec.loading import gguf_import
 
     path = gguf_import.find_smollm2_gguf()
     folder = tmp_path_factory.mktemp("smollm2-tokenizer")
@@ -356,7 +356,7 @@ def chat_cases(fmt, chats) -> list[dict]:
 
 
 def test_chat_forms_equal_the_python_twin_and_the_templates(native_tools, tmp_path):
-    from edge_spec.chat_format import detect_chat_format, render_chat, render_template
+    from edge_spec.loading.chat_format import detect_chat_format, render_chat, render_template
     from tests.test_chat_format import GEMMA_STYLE, SMOLLM2_TEMPLATE, conversations
 
     compared = 0
@@ -386,9 +386,9 @@ def run_chat(tools: dict[str, Path], work: Path, cases: list[dict]) -> list[dict
 
 def prompt_ids_match(tools: dict[str, Path], folder: Path, work: Path, prompts: list[str]) -> int:
     """es::Tokenizer::encode_prompt (chat form detected from the folder's template, and plain) against the Python
-    runtime's edge_spec.tokenizer.Tokenizer.encode_prompt."""
-    from edge_spec.chat_format import detect_chat_format
-    from edge_spec.tokenizer import Tokenizer as PyTokenizer
+    runtime's edge_spec.loading.tokenizer.Tokenizer.encode_prompt."""
+    from edge_spec.loading.chat_format import detect_chat_format
+    from edge_spec.loading.tokenizer import Tokenizer as PyTokenizer
 
     python = PyTokenizer(folder)
     fmt = detect_chat_format(python.chat_template, bos_token=python.bos_token or "", eos_token=python.eos_token or "")
@@ -414,11 +414,11 @@ def test_smollm2_prompts_match_the_python_runtime(native_tools, smollm2_tokenize
 @pytest.fixture(scope="session")
 def real_tokenizer_folders(converted, tmp_path_factory) -> dict[str, Path]:
     """The converted SmolLM2 folder, and a folder with the Gemma-3 270M tokenizer (transformers' build from the
-    gemma3 GGUF, as edge_spec.gguf_gemma3 writes it; its chat template when that module is there)."""
+    gemma3 GGUF, as edge_spec.loading.gguf_gemma3 writes it; its chat template when that module is there)."""
     from transformers import AutoTokenizer
 
     try:
-        from edge_spec.gguf_gemma3 import GEMMA_TURN_TEMPLATE, find_gemma3_gguf
+        from edge_spec.loading.gguf_gemma3 import GEMMA_TURN_TEMPLATE, find_gemma3_gguf
 
         gguf = find_gemma3_gguf()
     except ImportError:

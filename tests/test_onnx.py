@@ -11,20 +11,21 @@ import numpy as np
 import onnx
 import pytest
 
-from edge_spec import checkpoints, kv
+from edge_spec.loading import checkpoints
+from edge_spec.contract import kv
 from edge_spec.api import load_bundle
-from edge_spec.backend import DraftStep, Session
+from edge_spec.contract.backend import DraftStep, Session
 from edge_spec.cli import main
-from edge_spec.drafter import check_pair, new_drafter, save_drafter
+from edge_spec.model.drafter import check_pair, new_drafter, save_drafter
 from edge_spec.errors import BundleError, ConfigError, KVStateError
 from edge_spec.exporters import onnx as onnx_exporter
 from edge_spec.exporters.onnx import export_bundle
-from edge_spec.generate import generate_plain
-from edge_spec.manifest import MANIFEST, Manifest, read_manifest
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.contract.manifest import MANIFEST, Manifest, read_manifest
 from edge_spec.runtimes import ort as ort_runtime
 from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
-from edge_spec.sampling import SamplingParams
-from edge_spec.speculative import generate_speculative
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import generate_speculative
 from tests.parity import LOGITS_TOL, assert_drafter_matches_eager, assert_target_matches_eager, prompt_ids
 from tests.tiny import llama_config, save_reference
 
@@ -240,7 +241,7 @@ def host_checked_session(folder):
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "int4"])
 def test_verify_rows_are_bit_identical_to_decode_steps(llama, tmp_path, precision):
     """The property greedy exactness rests on: a T=k+1 verify pass gives, row for row, the *same bits* as k+1
-    T=1 decode steps (batch-invariant attention, edge_spec.model.attend_slots), in the row mode the host check
+    T=1 decode steps (batch-invariant attention, edge_spec.model.transformer.attend_slots), in the row mode the host check
     picks: one-token passes as they are where this CPU's one-row kernels sum like its multi-row ones, else with a
     masked dummy row (AMD AVX2: onnxruntime's 4-bit MatMulNBits). int8 activations inside MatMulNBits amplify any
     1-ulp difference, so quantized graphs are where a split would show. Positions 58..69 cross a bucket edge
@@ -384,7 +385,7 @@ def test_corrupt_file_names_the_file(damaged):
 
 def test_graph_whose_io_differs_from_the_manifest_names_the_file(damaged):
     """A graph file edited after export (its checksums re-recorded, so only its IO is wrong) is refused at load."""
-    from edge_spec.manifest import sha256_file
+    from edge_spec.contract.manifest import sha256_file
 
     path = damaged / "onnx" / "target.onnx"
     proto = onnx.load(path, load_external_data=False)

@@ -16,18 +16,19 @@ import numpy as np
 import onnx
 import pytest
 
-from edge_spec import checkpoints, qnn_htp
+from edge_spec.loading import checkpoints
+from edge_spec.runtimes import qnn_htp
 from edge_spec.api import load_bundle
-from edge_spec.backend import Session
+from edge_spec.contract.backend import Session
 from edge_spec.cli import main
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.exporters.qnn import export_bundle, with_headroom
-from edge_spec.generate import generate_plain
-from edge_spec.manifest import MANIFEST, read_manifest
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.contract.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes.qnn import open_session
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.sampling import SamplingParams
-from edge_spec.speculative import generate_speculative
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import generate_speculative
 from tests.parity import chunked_logits, prompt_ids
 from tests.test_executorch import OracleDrafter, _rehash
 from tests.test_onnx import differing_windows, tiny_drafter

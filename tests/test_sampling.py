@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge_spec.errors import ConfigError
-from edge_spec.sampling import SamplingParams, sample, token_probs
+from edge_spec.decoding.sampling import SamplingParams, sample, token_probs
 
 
 def test_greedy_is_one_hot_on_first_argmax():

@@ -5,11 +5,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from edge_spec import checkpoints
-from edge_spec.backend import Session
-from edge_spec.config import kv_layout
+from edge_spec.loading import checkpoints
+from edge_spec.contract.backend import Session
+from edge_spec.model.config import kv_layout
 from edge_spec.errors import ContextOverflowError, KVStateError
-from edge_spec.kv import KVLayout
+from edge_spec.contract.kv import KVLayout
 from edge_spec.runtimes.torch import TorchBackend
 
 IDS = [int(i) for i in np.random.default_rng(2).integers(4, 320, 30)]

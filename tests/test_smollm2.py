@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from edge_spec.backend import Session
-from edge_spec.config import kv_layout
-from edge_spec.generate import generate_plain
+from edge_spec.contract.backend import Session
+from edge_spec.model.config import kv_layout
+from edge_spec.decoding.generate import generate_plain
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.sampling import SamplingParams
+from edge_spec.decoding.sampling import SamplingParams
 
 PROMPTS = [
     ("The capital of France is", False),

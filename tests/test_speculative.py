@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edge_spec import checkpoints
-from edge_spec.backend import DraftStep, Session
-from edge_spec.config import kv_layout
-from edge_spec.drafter import check_pair, new_drafter
+from edge_spec.loading import checkpoints
+from edge_spec.contract.backend import DraftStep, Session
+from edge_spec.model.config import kv_layout
+from edge_spec.model.drafter import check_pair, new_drafter
 from edge_spec.errors import ConfigError
-from edge_spec.generate import generate_plain
+from edge_spec.decoding.generate import generate_plain
 from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
-from edge_spec.sampling import SamplingParams, token_probs
-from edge_spec.speculative import (CostModel, LazyRows, SparseRows, accept_all, draft_distribution, generate_speculative,
+from edge_spec.decoding.sampling import SamplingParams, token_probs
+from edge_spec.decoding.speculative import (CostModel, LazyRows, SparseRows, accept_all, draft_distribution, generate_speculative,
                                    sparse_draft_distribution, verify, verify_greedy)
 
 

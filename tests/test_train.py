@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from edge_spec import checkpoints
+from edge_spec.loading import checkpoints
 from edge_spec.cli import main
-from edge_spec.drafter import check_pair, load_drafter, new_drafter
+from edge_spec.model.drafter import check_pair, load_drafter, new_drafter
 from edge_spec.errors import ConfigError
-from edge_spec.generate import generate_plain
-from edge_spec.backend import Session
-from edge_spec.config import kv_layout
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.contract.backend import Session
+from edge_spec.model.config import kv_layout
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.sampling import SamplingParams
+from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.train import data as D
 from edge_spec.train.pipeline import pack, run
 from edge_spec.train.teacher import batched_greedy, extract
@@ -175,7 +175,7 @@ def test_teacher_forced_predictions_are_what_a_burst_proposes(tiny_llama, tiny_g
 
 def test_eval_drafter_cli_writes_tau_and_acceptance(tiny_llama, tmp_path, capsys):
     loaded = checkpoints.load(str(tiny_llama[0]))
-    from edge_spec.drafter import save_drafter
+    from edge_spec.model.drafter import save_drafter
 
     folder = save_drafter(new_drafter(loaded.config, hidden_size=32, num_layers=1, intermediate_size=64,
                                       num_centroids=16, top_k_clusters=4), tmp_path / "d")
@@ -207,7 +207,7 @@ def test_eval_drafter_cli_writes_tau_and_acceptance(tiny_llama, tmp_path, capsys
 
 def test_eval_drafter_on_a_bundle_matches_the_checkpoint_pair(tiny_llama, tmp_path):
     """The ORT bundle path measures the same tau (greedy: same tokens, same acceptances) as eager."""
-    from edge_spec.drafter import save_drafter
+    from edge_spec.model.drafter import save_drafter
     from edge_spec.exporters.onnx import export_bundle
 
     loaded = checkpoints.load(str(tiny_llama[0]))

@@ -102,8 +102,8 @@ def e2b_pair(folder: Path):
     [3 sliding, 1 full], vocab 262144 in 2048 clusters, top 32: ~75M parameters) beside a shallow Gemma-4 target of
     the same vocabulary (2 layers, hidden 256; its global head dim equals head_dim, so transformers writes an empty
     per_layer_config, which the loader once misread), saved under `folder`. Returns (target, drafter)."""
-    from edge_spec import checkpoints
-    from edge_spec.drafter import new_drafter
+    from edge_spec.loading import checkpoints
+    from edge_spec.model.drafter import new_drafter
 
     save_reference(gemma4_config(vocab_size=262144, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                  head_dim=64, global_head_dim=64, sliding_window=512, num_kv_shared_layers=0,

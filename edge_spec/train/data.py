@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from ..errors import ConfigError
+from edge_spec.errors import ConfigError
 
 DEBIAN_PACKAGES = ("python3.11-doc", "linux-doc-6.1")
 TEXT_SUFFIXES = (".rst.txt", ".txt", ".rst", ".md", ".py")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..kv import SLIDING
+from edge_spec.errors import ConfigError
+from edge_spec.contract.kv import SLIDING
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "heldout.jsonl"
 
@@ -52,7 +52,7 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
                               "evaluate a checkpoint pair (--model/--drafter), not a --bundle")
         if temperature != 0.0:
             raise ConfigError("--teacher-forced compares with the target's greedy tokens", "use --temperature 0")
-        from ..drafter import check_pair
+        from edge_spec.model.drafter import check_pair
 
         model, drafter = engine.loaded.model, engine.drafter.drafter
         sources = check_pair(engine.loaded.config, drafter.cfg)
@@ -112,9 +112,9 @@ def teacher_forced_predictions(model, drafter, sources: dict[str, int], seq: np.
     if every position were drafted (tests/test_train.py checks the proposals against TorchDrafter bursts)."""
     import torch
 
-    from ..speculative import greedy_draft
-    from .teacher import extract
-    from .trainer import anchor_masks
+    from edge_spec.decoding.speculative import greedy_draft
+    from edge_spec.train.teacher import extract
+    from edge_spec.train.trainer import anchor_masks
 
     ex = extract(model, seq[None], sorted(set(sources.values())), dtype=torch.float32, batch=1, store=np.float32)
     hidden = torch.from_numpy(ex["hidden"][0])  # [N, Ht]

@@ -15,14 +15,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoints import LoadedModel
-from ..clustering import balanced_kmeans
-from ..drafter import check_pair, load_drafter, new_drafter, save_drafter
-from ..errors import ConfigError
-from . import data as D
-from .shard_quant import encode_arrays
-from .teacher import autocast_dtype, batched_greedy, extract
-from .trainer import ShardData, TrainConfig, top_sidecar, train, write_teacher_top
+from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.model.clustering import balanced_kmeans
+from edge_spec.model.drafter import check_pair, load_drafter, new_drafter, save_drafter
+from edge_spec.errors import ConfigError
+from edge_spec.train import data as D
+from edge_spec.train.shard_quant import encode_arrays
+from edge_spec.train.teacher import autocast_dtype, batched_greedy, extract
+from edge_spec.train.trainer import ShardData, TrainConfig, top_sidecar, train, write_teacher_top
 
 SEQ_LEN = 256
 
@@ -115,7 +115,7 @@ def _shard_matches(path: Path, chunk: np.ndarray, source_layers: list[int]) -> b
 
 def check_work_target(work: Path, loaded: LoadedModel) -> None:
     """A work folder caches one target's regenerated text and activations: refuse to mix in another target's."""
-    from ..manifest import content_id
+    from edge_spec.contract.manifest import content_id
 
     stamp = work / "target.json"
     ident = content_id(loaded.config.raw, loaded.model.state_dict())

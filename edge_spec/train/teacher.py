@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from ..kv import NEG_INF
-from ..model import Transformer
+from edge_spec.errors import ConfigError
+from edge_spec.contract.kv import NEG_INF
+from edge_spec.model.transformer import Transformer
 
 
 def autocast_dtype() -> torch.dtype:

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..drafter import Drafter
-from ..kv import NEG_INF
-from .shard_quant import decode_arrays
+from edge_spec.model.drafter import Drafter
+from edge_spec.contract.kv import NEG_INF
+from edge_spec.train.shard_quant import decode_arrays
 
 
 @dataclass
@@ -196,7 +196,7 @@ def train(drafter: Drafter, data: ShardData, embed: torch.Tensor, table: torch.T
     """Train in place; resumable from work/checkpoint.pt. Returns a report dict."""
     from tqdm.auto import tqdm
 
-    from .optim import make_optimizer
+    from edge_spec.train.optim import make_optimizer
 
     torch.manual_seed(cfg.seed)
     opt = make_optimizer(drafter, cfg.optimizer, cfg.lr)

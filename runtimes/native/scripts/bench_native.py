@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def main(argv: list[str] | None = None) -> int:
     from edge_spec.api import load_bundle
-    from edge_spec.hostcheck import cpu_identity
+    from edge_spec.decoding.hostcheck import cpu_identity
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", required=True)

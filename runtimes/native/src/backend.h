@@ -1,4 +1,4 @@
-// backend.h - the one small protocol every format's runtime implements (edge_spec/backend.py): a Backend runs the
+// backend.h - the one small protocol every format's runtime implements (edge_spec/contract/backend.py): a Backend runs the
 // target over T new tokens at runtime-built positions and masks; a DrafterBackend runs one draft step reading the
 // target backend's caches. The Session (session.h) owns all bookkeeping; backends hold buffers and nothing else.
 #pragma once

@@ -1,4 +1,4 @@
-// hostcheck.cpp - see hostcheck.h; probe_windows and the row modes follow edge_spec/hostcheck.py.
+// hostcheck.cpp - see hostcheck.h; probe_windows and the row modes follow edge_spec/decoding/hostcheck.py.
 #include "hostcheck.h"
 
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// hostcheck.h - the host check of exactness on *this* device's kernels (edge_spec/hostcheck.py): verify passes vs
+// hostcheck.h - the host check of exactness on *this* device's kernels (edge_spec/decoding/hostcheck.py): verify passes vs
 // one-token decode steps over the same random tokens, across the backend's bucket edges and each ring's wraps, in
 // two row modes (one-row; two-row = every pass carries a masked dummy row). The verdict picks the session's row
 // mode; where neither is bit-exact, speculative decoding is turned off (plain decoding, with a notice).
@@ -27,7 +27,7 @@ struct HostCheck {
   static HostCheck from_json(const std::string& text);  // throws JsonError when damaged
 };
 
-// The check for this (artifact, runtime, CPU), cached like the Python runtime's (edge_spec/hostcheck.py): a file in
+// The check for this (artifact, runtime, CPU), cached like the Python runtime's (edge_spec/decoding/hostcheck.py): a file in
 // `$EDGE_SPEC_CACHE/hostcheck-native/` (default ~/.cache/edge-spec), keyed by sha256 of the artifact id, the
 // runtime identity, the CPU identity and the probe version. `fresh`: probe again. A cache that cannot be read or
 // written is ignored (the probe runs). Sets nothing on the session (the caller sets min_rows).

@@ -1,4 +1,4 @@
-// kv.cpp - see kv.h; every function mirrors its namesake in edge_spec/kv.py (same names, same refusals).
+// kv.cpp - see kv.h; every function mirrors its namesake in edge_spec/contract/kv.py (same names, same refusals).
 #include "kv.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// kv.h - the KV-cache contract's bookkeeping in C++ (a line-by-line port of edge_spec/kv.py's pure functions and
+// kv.h - the KV-cache contract's bookkeeping in C++ (a line-by-line port of edge_spec/contract/kv.py's pure functions and
 // KVState): layout, masks, slots, sliding rings, commit / rewind, and the `state` binding's written rows.
 //
 // Positions are absolute; the runtime (KVState) owns the position counter, each slot's position, the masks and

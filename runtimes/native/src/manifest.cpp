@@ -1,4 +1,4 @@
-// manifest.cpp - see manifest.h. Mirrors edge_spec/manifest.py read_manifest (same checks, same order).
+// manifest.cpp - see manifest.h. Mirrors edge_spec/contract/manifest.py read_manifest (same checks, same order).
 #include "manifest.h"
 
 #include <sys/stat.h>
@@ -15,7 +15,7 @@ namespace {
 
 const char* const REEXPORT = "re-run `edge-spec export` into a fresh --out folder";
 
-struct FormatRow {  // edge_spec/formats.py FORMATS: what the manifest check needs of it
+struct FormatRow {  // edge_spec/contract/formats.py FORMATS: what the manifest check needs of it
   const char* name;
   std::vector<std::string> bindings;
   std::vector<std::string> precisions;
@@ -293,7 +293,7 @@ GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sou
   io.inputs = {spec("input_ids", "int64", {"1", "1"}),
                spec("hidden", "float32", {"1", "1", std::to_string(target_hidden)}),
                spec("position_ids", "int64", {"1", "1"})};
-  for (const auto& s : sources)  // std::map: sorted by kind, as edge_spec.kv sorts them
+  for (const auto& s : sources)  // std::map: sorted by kind, as edge_spec.contract.kv sorts them
     io.inputs.push_back(spec("mask." + s.first, "float32", {"1", "1", "1", "S_" + s.first}));
   if (layout.binding == BINDING_IO) {
     for (const auto& s : sources)

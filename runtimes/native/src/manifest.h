@@ -1,4 +1,4 @@
-// manifest.h - bundle/manifest.json read and verified, as edge_spec/manifest.py's read_manifest does: schema,
+// manifest.h - bundle/manifest.json read and verified, as edge_spec/contract/manifest.py's read_manifest does: schema,
 // every file's size and sha256, the graph IO vs the KV contract, and the drafter/target pairing. Every refusal is
 // an Error(Code::Bundle) naming the file (or field) and the fix.
 #pragma once
@@ -74,12 +74,12 @@ constexpr const char* MANIFEST_FILE = "manifest.json";
 // folder: the bundle root. Throws Error(Code::Bundle) naming the file and the fix.
 Manifest read_manifest(const std::string& folder, bool verify_checksums = true);
 
-// The KV contract's IO tables (edge_spec/kv.py target_io / drafter_io), for the check and for the backends.
+// The KV contract's IO tables (edge_spec/contract/kv.py target_io / drafter_io), for the check and for the backends.
 GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size);
 GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
                    int target_hidden, int candidates, bool output_table, bool tables);
 
-KVLayout layout_from_json(const Json& layout);  // the manifest's kv.layout (edge_spec.kv.KVLayout.to_json)
+KVLayout layout_from_json(const Json& layout);  // the manifest's kv.layout (edge_spec.contract.kv.KVLayout.to_json)
 
 std::string join_path(const std::string& a, const std::string& b);
 

@@ -1,4 +1,4 @@
-// sampling.cpp - see sampling.h; each step follows edge_spec/sampling.py line by line.
+// sampling.cpp - see sampling.h; each step follows edge_spec/decoding/sampling.py line by line.
 #include "sampling.h"
 
 #include <algorithm>

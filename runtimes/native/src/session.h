@@ -1,4 +1,4 @@
-// session.h - KV state + a backend: prefill, forward, commit, rewind (edge_spec/backend.py Session).
+// session.h - KV state + a backend: prefill, forward, commit, rewind (edge_spec/contract/backend.py Session).
 //
 // min_rows = 2 makes a one-token pass carry a second, masked dummy row (the last token again at the next position),
 // never committed, so every target pass takes the multi-row kernels (the host check sets it; hostcheck.h).

@@ -29,7 +29,7 @@ struct SparseRows {
   }
 };
 
-// Target distributions [k + 1, V] computed a row at a time, on first use (edge_spec.speculative.LazyRows).
+// Target distributions [k + 1, V] computed a row at a time, on first use (edge_spec.decoding.speculative.LazyRows).
 struct LazyRows {
   const StepOutput& out;
   int vocab;

@@ -1,5 +1,5 @@
-// speculative.h - plain decoding and the lossless draft-verify loop (edge_spec/generate.py, edge_spec/speculative.py,
-// edge_spec/lookup.py), format-neutral: a Session over any Backend, any DrafterBackend.
+// speculative.h - plain decoding and the lossless draft-verify loop (edge_spec/decoding/generate.py, edge_spec/decoding/speculative.py,
+// edge_spec/decoding/lookup.py), format-neutral: a Session over any Backend, any DrafterBackend.
 //
 // One loop: propose k drafts (prompt lookup first, else the MTP drafter) -> one target pass over [last, *drafts]
 // -> verify -> commit n + 1. Greedy verify keeps drafts while they are the target's argmax; sampled verify is
@@ -44,10 +44,10 @@ struct GenerationResult {
   bool speculative = false;
   SpecStats spec;
   double decode_tok_s() const;
-  std::string summary() const;  // as edge_spec.generate.GenerationResult.summary
+  std::string summary() const;  // as edge_spec.decoding.generate.GenerationResult.summary
 };
 
-// Refuse before any work (edge_spec.generate.check_request).
+// Refuse before any work (edge_spec.decoding.generate.check_request).
 void check_request(const std::vector<int64_t>& prompt, int max_new_tokens, int max_context);
 
 GenerationResult generate_plain(Session& session, const std::vector<int64_t>& prompt, int max_new_tokens,
@@ -75,7 +75,7 @@ struct VerifyResult {
 };
 VerifyResult verify_greedy(const std::vector<int64_t>& drafts, const std::vector<int64_t>& target_argmax);
 
-// Retrieval drafting (edge_spec.lookup.PromptLookup): n-grams (n in [min_n, max_n]) -> their latest start.
+// Retrieval drafting (edge_spec.decoding.lookup.PromptLookup): n-grams (n in [min_n, max_n]) -> their latest start.
 class PromptLookup {
  public:
   PromptLookup(int min_n = 2, int max_n = 4);
@@ -89,7 +89,7 @@ class PromptLookup {
   std::map<int, int64_t> earlier_;  // n -> start of the suffix n-gram's latest earlier occurrence (-1: none)
 };
 
-// The adaptive draft length's cost model (edge_spec.speculative.CostModel).
+// The adaptive draft length's cost model (edge_spec.decoding.speculative.CostModel).
 class CostModel {
  public:
   explicit CostModel(int k_max);

@@ -22,7 +22,7 @@ std::unique_ptr<TextCodec> TextCodec::open(const std::string& folder, const Mani
 
 namespace {
 
-// The chat form of the bundle's template: what the exporter wrote into the manifest (edge_spec/chat_format.py
+// The chat form of the bundle's template: what the exporter wrote into the manifest (edge_spec/loading/chat_format.py
 // ChatFormat.manifest(): {"chat_format": name, "default_system", "bos_token"}, under "tokenizer" or at the top, or
 // "chat_format" as an object of those fields), else recognised from the Jinja text.
 ChatFormat chat_form(const Manifest& m, const Tokenizer& tok) {

@@ -25,7 +25,7 @@ class TextCodec {
   // Throws Error(Code::Bundle) when the tokenizer cannot be loaded (or was not built in).
   static std::unique_ptr<TextCodec> open(const std::string& folder, const Manifest& manifest);
   static bool available();  // built with the tokenizer
-  // A user prompt -> ids, through the bundle's chat form when `chat` (as edge_spec.tokenizer.encode_prompt).
+  // A user prompt -> ids, through the bundle's chat form when `chat` (as edge_spec.loading.tokenizer.encode_prompt).
   // Throws Error(Code::Encoding) for invalid UTF-8 (naming `where` and the byte), Code::Argument for chat without
   // a known chat form.
   virtual std::vector<int64_t> encode_prompt(const std::string& utf8, bool chat, const std::string& where) const = 0;

@@ -1,5 +1,5 @@
 // kv_vectors_test.cpp - replays the shared KV vectors (tests/vectors/kv_cases.json, written by make_kv_vectors.py
-// from edge_spec/kv.py) against kv.cpp: every operation's masks, the state after it, and every refusal's text.
+// from edge_spec/contract/kv.py) against kv.cpp: every operation's masks, the state after it, and every refusal's text.
 //
 //   kv_vectors_test [VECTORS_JSON]      exit 0 and "kv vectors: N cases, M operations, all equal" when all pass
 #include <cstdio>

@@ -1,4 +1,4 @@
-"""Shared test vectors for the KV contract's bookkeeping: edge_spec/kv.py (Python) writes them, the C++ runner's
+"""Shared test vectors for the KV contract's bookkeeping: edge_spec/contract/kv.py (Python) writes them, the C++ runner's
 kv_vectors_test replays them (runtimes/native/src/kv.cpp), so both languages are checked against the same cases.
 
     .venv/bin/python runtimes/native/tests/make_kv_vectors.py runtimes/native/tests/vectors/kv_cases.json
@@ -7,7 +7,7 @@ Each case is a KV layout (io and state bindings, full layers, sliding rings - on
 a seeded sequence of the operations a session performs: masks(n) before a forward, written(n) after a `state`
 forward, commit(n), drafter_masks(), rewind(pos), reset(). After every operation the state (length, slot positions,
 retained_from) is recorded; masks are rows of '0' (visible) and '-' (masked); refusals record str(error) exactly
-(what + fix), so the C++ wording is checked too. tests/test_native.py checks that this file is what edge_spec/kv.py
+(what + fix), so the C++ wording is checked too. tests/test_native.py checks that this file is what edge_spec/contract/kv.py
 computes today and that the C++ replay passes.
 """
 
@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from edge_spec import kv
+from edge_spec.contract import kv
 from edge_spec.errors import EdgeSpecError
 
 VERSION = 1
@@ -109,7 +109,7 @@ def vectors() -> dict:
             "commit_slots": [[start, n, slots, ring, *(x.tolist() for x in kv.commit_slots(start, n, slots, ring))]
                              for start in (0, 5, 13) for n in (1, 4, 9) for slots in (6, 32) for ring in (False, True)
                              if ring or start + n <= slots]}
-    return {"version": VERSION, "written_by": "runtimes/native/tests/make_kv_vectors.py (edge_spec/kv.py)",
+    return {"version": VERSION, "written_by": "runtimes/native/tests/make_kv_vectors.py (edge_spec/contract/kv.py)",
             "cases": cases, "pure": pure}
 
 

@@ -50,7 +50,7 @@ class Tokenizer {
   // encode() with the BOS id put in front when `add_bos` and the text did not already start with it.
   std::vector<int32_t> encode(const std::string& utf8, bool add_bos) const;
 
-  // A user prompt -> ids, like edge_spec.tokenizer.Tokenizer.encode_prompt: with `chat` (not null) the prompt
+  // A user prompt -> ids, like edge_spec.loading.tokenizer.Tokenizer.encode_prompt: with `chat` (not null) the prompt
   // becomes one user turn of that form plus the generation prompt, encoded without adding BOS (the form
   // carries it where the model wants it); without, encode(prompt, add_bos_token()).
   std::vector<int32_t> encode_prompt(const std::string& prompt, const ChatFormat* chat = nullptr) const;
@@ -105,13 +105,13 @@ class StreamDecoder {
 // ---- chat formatting: the concrete forms of the chat templates our bundles carry -------------------
 //
 // The bundles' Jinja templates are not run in C++. The exporter detects which simple form a template
-// renders (edge_spec/chat_format.py) and writes its name and default system prompt into the manifest:
+// renders (edge_spec/loading/chat_format.py) and writes its name and default system prompt into the manifest:
 //   "chatml": [<|im_start|>system\n{default_system}<|im_end|>\n  - only when the first message is not a
 //              system message and default_system is not empty (SmolLM2 has one)]
 //             <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
 //   "gemma":  {bos}<start_of_turn>user\n{trimmed system + "\n\n", when a system message came before}
 //             {content, trimmed}<end_of_turn>\n ... ("assistant" is written "model") [<start_of_turn>model\n]
-//             (the template edge_spec/gguf_gemma3.py writes; Google's renders the same for usual chats)
+//             (the template edge_spec/loading/gguf_gemma3.py writes; Google's renders the same for usual chats)
 // The rendered text is then encoded with encode(text) (its special-token strings become their ids).
 struct ChatMessage {
   std::string role;     // "system", "user" or "assistant"

@@ -1,5 +1,5 @@
 // chat.cpp - the two chat forms our bundles' templates render (see es_tokenizer.h and
-// edge_spec/chat_format.py, which detects the form from a bundle's Jinja template).
+// edge_spec/loading/chat_format.py, which detects the form from a bundle's Jinja template).
 
 #include "es_tokenizer.h"
 #include "utf8.h"
@@ -39,7 +39,7 @@ std::string chatml(const ChatFormat& format, const std::vector<ChatMessage>& mes
   return out;
 }
 
-// As the template edge_spec/gguf_gemma3.py writes (GEMMA_TURN_TEMPLATE): a system message is trimmed and put,
+// As the template edge_spec/loading/gguf_gemma3.py writes (GEMMA_TURN_TEMPLATE): a system message is trimmed and put,
 // with a blank line, in front of the next turn; "assistant" turns are written "model"; contents are trimmed.
 // (Google's Gemma 3 template renders the same text for a leading system message and alternating turns.)
 std::string gemma(const ChatFormat& format, const std::vector<ChatMessage>& messages, bool add_generation_prompt) {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from edge_spec.errors import ConfigError
 
 EP_NAME = "QNNExecutionProvider"
 INSTALL = "pip install onnxruntime-qnn==2.7.0 (x86-64 Linux / Windows on Snapdragon; Android: onnxruntime's QNN AAR)"

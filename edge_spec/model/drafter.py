@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import GEMMA4, REUSE, ModelConfig, _parse_gemma4
-from .errors import CheckpointError
-from .model import RMSNorm, Block
-from .rope import rope_cos_sin
+from edge_spec.model.config import GEMMA4, REUSE, ModelConfig, _parse_gemma4
+from edge_spec.errors import CheckpointError
+from edge_spec.model.transformer import RMSNorm, Block
+from edge_spec.model.rope import rope_cos_sin
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,7 @@ def check_pair(target: ModelConfig, drafter: DrafterConfig) -> dict[str, int]:
 
 # ---- loading ---------------------------------------------------------------------------------------
 def load_drafter(folder: str | Path) -> Drafter:
-    from .checkpoints import read_config_json, read_safetensors  # one reader for every checkpoint
+    from edge_spec.loading.checkpoints import read_config_json, read_safetensors  # one reader for every checkpoint
 
     folder = Path(folder).expanduser()
     if not folder.is_dir():

@@ -11,7 +11,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from .kv import BINDING_STATE, KVLayout, KVState
+from edge_spec.contract.kv import BINDING_STATE, KVLayout, KVState
 
 
 class StepOutput(NamedTuple):
@@ -47,7 +47,7 @@ class Session:
     `min_rows`: the fewest rows a pass of the target carries. 2 makes a one-token pass run as two rows, the
     second a dummy (the last token again, at the next position) that causal masks hide from the first and that
     is never committed, so that every pass takes the runtime's multi-row kernels: on CPUs whose one-row kernels
-    sum in another order this is what keeps decode steps bit-identical to verify rows (edge_spec.hostcheck sets
+    sum in another order this is what keeps decode steps bit-identical to verify rows (edge_spec.decoding.hostcheck sets
     it from a probe of the host). A pass at the last context slot has no room for the dummy and runs as is;
     generation never runs one (the token it would produce has no position left).
     """

@@ -8,9 +8,9 @@ from typing import Callable
 
 import numpy as np
 
-from .backend import Session
-from .errors import ConfigError, ContextOverflowError
-from .sampling import SamplingParams, sample, token_probs
+from edge_spec.contract.backend import Session
+from edge_spec.errors import ConfigError, ContextOverflowError
+from edge_spec.decoding.sampling import SamplingParams, sample, token_probs
 
 
 @dataclass

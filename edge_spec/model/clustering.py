@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import ConfigError
+from edge_spec.errors import ConfigError
 
 
 class Clustering(NamedTuple):

@@ -9,7 +9,7 @@ fixed number of slots. This module holds what follows from that, independent of 
   * `function_slots`: full layers get `longest pass - 1` slots of headroom, so a pad row's key never lands in a slot
     a real row reads, even at the end of the context; rings keep kv.ring_slots (they already hold a whole pass);
   * `pad_mask`: the contract's mask [1, 1, t, s + t] as a graph's [1, 1, T, S_f + T];
-  * `FixedBackend` / `FixedDrafter`: edge_spec.backend's Backend and DrafterBackend over such graphs: the runtime
+  * `FixedBackend` / `FixedDrafter`: edge_spec.contract.backend's Backend and DrafterBackend over such graphs: the runtime
     holds the caches ([1, H_kv, S_f, D] float32 per cached layer), passes them to every call, writes the committed
     rows itself. Pad rows repeat the last token at the next positions, see what the last real row sees (no real
     row sees them) and are never committed. They used to see only themselves (the placed form: nothing at all), which
@@ -33,10 +33,10 @@ from typing import Callable
 
 import numpy as np
 
-from . import kv
-from .backend import DraftStep, StepOutput
-from .errors import ConfigError
-from .kv import KVLayout
+from edge_spec.contract import kv
+from edge_spec.contract.backend import DraftStep, StepOutput
+from edge_spec.errors import ConfigError
+from edge_spec.contract.kv import KVLayout
 
 Predictor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -129,7 +129,7 @@ def fixed_shapes(entry, layout: KVLayout, what: str) -> tuple[dict[int, str], di
 
 
 class FixedBackend:
-    """edge_spec.backend.Backend over fixed-length target graphs (this runtime owns the caches)."""
+    """edge_spec.contract.backend.Backend over fixed-length target graphs (this runtime owns the caches)."""
 
     def __init__(self, functions: dict[int, Predictor], layout: KVLayout, slots: dict[str, int], identity: str, *,
                  name: str, feature: Callable[[str], str] = lambda n: n, mask_floor: float = kv.NEG_INF,
@@ -260,7 +260,7 @@ class FixedBackend:
 
 
 class FixedDrafter:
-    """edge_spec.backend.DrafterBackend over a fixed-shape drafter step graph, fed the target backend's caches."""
+    """edge_spec.contract.backend.DrafterBackend over a fixed-shape drafter step graph, fed the target backend's caches."""
 
     def __init__(self, predictor: Predictor, target: FixedBackend, sources: dict[str, int]):
         self.predictor, self.target = predictor, target

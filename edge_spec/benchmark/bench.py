@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError
-from .peers.times import SETTLE_S
+from edge_spec.errors import ConfigError
+from edge_spec.peers.times import SETTLE_S
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "assets" / "prompts" / "bench.jsonl"
 
@@ -285,15 +285,15 @@ def plot(rows: list[dict], peers: list[dict], path: Path) -> None:
 
 
 def machine() -> str:
-    from .hostcheck import cpu_identity
+    from edge_spec.decoding.hostcheck import cpu_identity
 
     return f"{cpu_identity()}, {os.cpu_count()} cores, {platform.system()}"
 
 
 def main(args) -> int:
-    from .api import load
-    from .peers import from_args as peers_from_args
-    from .train.evaluate import read_prompts
+    from edge_spec.api import load
+    from edge_spec.peers import from_args as peers_from_args
+    from edge_spec.train.evaluate import read_prompts
 
     if not args.spec_k or any(k < 1 for k in args.spec_k):
         raise ConfigError(f"--spec-k values must be >= 1, got {args.spec_k}")

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, kv
-from .checkpoints import LoadedModel
-from .config import kv_layout
-from .drafter import Drafter, check_pair
-from .errors import ConfigError
-from .formats import Format, check_binding, check_precision
-from .manifest import TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest, ModelEntry, TableEntry, content_id, write_bundle
+from edge_spec import __version__
+from edge_spec.contract import kv
+from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.model.config import kv_layout
+from edge_spec.model.drafter import Drafter, check_pair
+from edge_spec.errors import ConfigError
+from edge_spec.contract.formats import Format, check_binding, check_precision
+from edge_spec.contract.manifest import TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest, ModelEntry, TableEntry, content_id, write_bundle
 
 DEFAULT_MAX_DRAFT_LEN = 8
 COMMON_STEPS = 3  # hashing the target, copying the tokenizer, writing the manifest
@@ -44,7 +45,7 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
            progress: Callable[[str], None] | None = None, binding: str | None = None) -> Path:
     """Export `target` (+ `drafter`) to a bundle of format `fmt` at `out`, atomically; `progress(step)` before each step.
 
-    `binding`: the KV binding (edge_spec.kv; default the format's, one of `fmt.bindings`).
+    `binding`: the KV binding (edge_spec.contract.kv; default the format's, one of `fmt.bindings`).
     `max_pass`: the most tokens one forward may carry (prefill chunk, verify pass). It sizes sliding rings (`io`:
     W + max_pass - 1 slots, `state`: W + max_pass) and, under the `state` binding, the program's planned buffers;
     default 64, or max_draft_len + 1 if larger. `io` targets without sliding layers take any T and record no cap."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from .errors import ConfigError
-from .kv import BINDING_IO, BINDING_STATE
+from edge_spec.errors import ConfigError
+from edge_spec.contract.kv import BINDING_IO, BINDING_STATE
 
 
 @dataclass(frozen=True)

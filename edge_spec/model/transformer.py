@@ -1,6 +1,6 @@
 """The target model: one export-friendly nn.Module for the llama, gemma3 and gemma4 families.
 
-Stateless per the KV contract (edge_spec/kv.py): the caller passes the caches and per-kind masks,
+Stateless per the KV contract (edge_spec/contract/kv.py): the caller passes the caches and per-kind masks,
 the forward returns logits, final hidden states and the *new* K/V rows of every cached layer.
 Parameter names mirror Hugging Face's, so checkpoints load with a plain `load_state_dict`.
 """
@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import GEMMA4, GEMMA_FAMILIES, REUSE, STORE, ModelConfig
-from .kv import FULL
-from .rope import TableRope, rope_cos_sin, rope_tables, rotate, rotate_heads
+from edge_spec.model.config import GEMMA4, GEMMA_FAMILIES, REUSE, STORE, ModelConfig
+from edge_spec.contract.kv import FULL
+from edge_spec.model.rope import TableRope, rope_cos_sin, rope_tables, rotate, rotate_heads
 
 
 STATE = "state"  # marks a KV-sharing source whose cache lives in a program (`state` binding): see Attention._attend
@@ -103,7 +103,7 @@ def attend_concat(q: torch.Tensor, ks: tuple, vs: tuple, mask: torch.Tensor, sca
     q: [1, H, T, D]; ks[i], vs[i]: [1, H_kv, S_i, D] (the cache, then the new rows); mask: [1, 1, T, sum S_i]
     additive -> [1, T, H * D]. Query rows are group-major per KV head (row g*T + t: query head g at step t), the
     mask repeated by concatenation. Masked entries must be finite and low enough that exp() of them is 0 against
-    the row's real scores (a quantized mask input has a calibrated range: edge_spec.qnn_htp.MASK_FLOOR).
+    the row's real scores (a quantized mask input has a calibrated range: edge_spec.runtimes.qnn_htp.MASK_FLOOR).
     `keep` [1, 1, T, sum S_i], 1 where the mask is 0 and 0 elsewhere (an input: exact 0 / 1 after quantization)
     makes what a masked slot holds unable to reach a row, whatever the kernels do with zeros: masked scores are
     zeroed before the mask is added, masked probabilities after the softmax, and each row's values are multiplied

@@ -21,7 +21,7 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import CheckpointError
+from edge_spec.errors import CheckpointError
 
 CHATML = "chatml"
 GEMMA = "gemma"
@@ -54,7 +54,7 @@ class ChatFormat:
 
 @lru_cache(maxsize=16)
 def _compiled(template: str):
-    from .tokenizer import _raise
+    from edge_spec.loading.tokenizer import _raise
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = _raise
@@ -63,7 +63,7 @@ def _compiled(template: str):
 
 def render_template(template: str, messages, *, add_generation_prompt: bool = True, bos_token: str = "",
                     eos_token: str = "") -> str:
-    """Renders a chat template the way edge_spec.tokenizer.Tokenizer.apply_chat_template does."""
+    """Renders a chat template the way edge_spec.loading.tokenizer.Tokenizer.apply_chat_template does."""
     return _compiled(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
                                       bos_token=bos_token, eos_token=eos_token)
 

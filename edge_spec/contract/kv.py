@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import ConfigError, ContextOverflowError, KVStateError
+from edge_spec.errors import ConfigError, ContextOverflowError, KVStateError
 
 FULL = "full"
 SLIDING = "sliding"
