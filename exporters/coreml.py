@@ -28,7 +28,7 @@ states k_cache_{l} / v_cache_{l} [1, H_kv, S_f, D] fp16 (Core ML's only state ty
 Slots: full layers hold max_context + `headroom` slots (the largest pass length - 1), so a padded pass never
 writes a pad row's key into a slot a real row reads, even at the end of the context; rings keep kv.ring_slots
 (W + max_pass - 1, which already holds a whole pass). Attention is the batch-invariant slot form
-(edge_spec.model.transformer.attend_slots), so verify rows reproduce decode steps wherever the kernels are row-independent;
+(edge_spec.model.attention.attend_slots), so verify rows reproduce decode steps wherever the kernels are row-independent;
 the host check measures it on the Mac that runs the package.
 
 Precisions (coremltools.optimize on the converted functions): fp16 compute (default; IO stays fp32; RMSNorm's ops in
@@ -219,34 +219,34 @@ def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
 
 def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str, int], work: Path):
     """Convert and save each function as its own package under `work`; yields (function name, package path).
-    The models run as the package runs them (`static.fixed_models`: slot attention, rings, the tanh GELU spelled
+    The models run as the package runs them (`static.TargetFunction`: slot attention, rings, the tanh GELU spelled
     out: coremltools 9.0 converts torch.export's tanh GELU as the erf one)."""
     layout = job.layout
     state = layout.binding == kv.BINDING_STATE
-    with static.fixed_models(job, attention="state" if state else "slots") as model:
-        names_in, names_out = target_features(layout)
-        for t in lengths:
-            job.step(f"converting the target at T = {t} ({job.precision}, {layout.binding} binding)")
-            if state:
-                module = static.StateTargetFunction(model, layout, slots)
-                args = static.state_target_args(layout, slots, t)
-            else:
-                module, args = static.TargetFunction(model, layout.kinds()), static.target_args(layout, slots, t)
-            ml = convert(module.eval(), args, names_in, names_out, job.precision, target_function(t))
-            _check_states(ml, layout, target_function(t))
-            yield target_function(t), _save(ml, work / f"{target_function(t)}.mlpackage")
-        if job.drafter is not None:
-            job.step(f"converting the drafter step ({job.precision})")
-            d_in, d_out = drafter_features(layout, job.sources)
-            args = static.drafter_args(model, layout, job.sources, slots)
-            if state:
-                module = static.StateDrafterFunction(job.drafter.eval(), model, layout, slots, job.sources)
-                args = args[:3 + len(job.sources)]  # no cache inputs: the states
-            else:
-                module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources)))
-            ml = convert(module.eval(), args, d_in, d_out, job.precision, DRAFTER_FUNCTION)
-            _check_states(ml, layout, DRAFTER_FUNCTION)
-            yield DRAFTER_FUNCTION, _save(ml, work / f"{DRAFTER_FUNCTION}.mlpackage")
+    model = job.target.model.eval()
+    names_in, names_out = target_features(layout)
+    for t in lengths:
+        job.step(f"converting the target at T = {t} ({job.precision}, {layout.binding} binding)")
+        if state:
+            module = static.StateTargetFunction(model, layout, slots)
+            args = static.state_target_args(layout, slots, t)
+        else:
+            module, args = static.TargetFunction(model, layout), static.target_args(layout, slots, t)
+        ml = convert(module.eval(), args, names_in, names_out, job.precision, target_function(t))
+        _check_states(ml, layout, target_function(t))
+        yield target_function(t), _save(ml, work / f"{target_function(t)}.mlpackage")
+    if job.drafter is not None:
+        job.step(f"converting the drafter step ({job.precision})")
+        d_in, d_out = drafter_features(layout, job.sources)
+        args = static.drafter_args(model, layout, job.sources, slots)
+        if state:
+            module = static.StateDrafterFunction(job.drafter.eval(), model, layout, slots, job.sources)
+            args = args[:3 + len(job.sources)]  # no cache inputs: the states
+        else:
+            module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources)))
+        ml = convert(module.eval(), args, d_in, d_out, job.precision, DRAFTER_FUNCTION)
+        _check_states(ml, layout, DRAFTER_FUNCTION)
+        yield DRAFTER_FUNCTION, _save(ml, work / f"{DRAFTER_FUNCTION}.mlpackage")
 
 
 def _check_states(mlmodel, layout: kv.KVLayout, what: str) -> None:

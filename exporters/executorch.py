@@ -10,7 +10,7 @@ Layout of the program (`Program`):
     `index_copy_` on a buffer would copy the whole buffer every step;
   * method `target(input_ids [1, T], position_ids [1, T], mask.<kind> [1, 1, T, S_kind + T]) -> (logits, hidden)`:
     writes all T rows (rejected drafts included: the runtime's KVState masks them), then attends over the first
-    S_kind slots of each buffer with the batch-invariant slot attention (edge_spec.model.transformer.attend_slots, keys already
+    S_kind slots of each buffer with the batch-invariant slot attention (edge_spec.model.attention.attend_slots, keys already
     in their slots), so a verify pass reproduces decode steps row for row; T <= max_pass (the planned buffers and
     the rings, W + max_pass, are sized for it);
   * method `drafter(input_ids [1, 1], hidden [1, 1, H], position_ids [1, 1], mask.<kind> [1, 1, 1, S_kind]) ->
@@ -49,7 +49,10 @@ from edge_spec.errors import ConfigError, ExportError
 from edge_spec.contract.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.contract.manifest import GraphEntry
-from edge_spec.model.transformer import Transformer, attend_slots, spelled_gelu
+from edge_spec.model.attention import attend_slots
+from edge_spec.model.forms import Slots, State
+from edge_spec.model.ops import SPELLED_GELU
+from edge_spec.model.transformer import Transformer
 
 PTE_DIR = "executorch"
 PROGRAM_FILE = f"{PTE_DIR}/program.pte"
@@ -69,7 +72,7 @@ ATTENTION_FORMS = ("slots", "sdpa")
 class Program(nn.Module):
     """The target (+ drafter) with the KV caches as buffers; `target_forward` and `drafter_step` are the methods.
 
-    `attention`: "slots" (the default) - edge_spec.model.transformer.attend_slots over [H_kv, S, 1, D] buffers viewed head-major:
+    `attention`: "slots" (the default) - edge_spec.model.attention.attend_slots over [H_kv, S, 1, D] buffers viewed head-major:
     batch-invariant; "sdpa" - ExecuTorch's `llama::custom_sdpa` over [1, S, H_kv, D] buffers, causal from the pass's
     first position (full attention only): faster at T = 1 but its one-row and multi-row paths sum in other orders
     (measured, docs/architecture.md "ExecuTorch path"), so the host check turns speculative decoding off with it.
@@ -85,6 +88,7 @@ class Program(nn.Module):
                               "whole cache, which the runtime's bucketed masks do not cover)", "use attention='slots'")
         self.target, self.drafter, self.layout, self.attention = target, drafter, layout, attention
         self.kinds = layout.kinds()
+        self.ring = layout.slots(kv.SLIDING) if kv.SLIDING in self.kinds else None  # rings: position % slots
         self.sources = kv.source_caches(layout, sources or {})
         if drafter is not None and drafter.cfg.head_from == "target":  # the drafter scores with the target's table:
             self.head_table = target.lm_head.weight  # kept fp32 (8da4w quantizes lm_head's own reference only)
@@ -129,16 +133,17 @@ class Program(nn.Module):
             b = bound[self.layout.caches[i].kind]
             if self.attention == "slots":
                 kc, vc = self._cache(i, b)
-                return attend_slots(q, kc, None, slots, vc, *mask, scale)
+                return attend_slots(q, kc, None, slots, vc, mask.add, mask.keep, scale)
             kb, vb = self._kv_buffers(i)
             if self.layout.caches[i].kind == kv.FULL:  # rows past start + T (rejected drafts) are never read
                 out = torch.ops.llama.custom_sdpa(q.transpose(1, 2), kb, vb, start, None, 0.0, True, scale)
             else:  # a ring: the whole ring under the [T, R] mask (its kernel takes a mask of the full cache only)
-                additive = mask[0][0, 0, :t]  # group_mask tiles the rows: the first T are the mask itself
+                additive = mask.add[0, 0, :t]  # group_mask tiles the rows: the first T are the mask itself
                 out = torch.ops.llama.custom_sdpa(q.transpose(1, 2), kb, vb, 0, additive, 0.0, False, scale)
             return out.reshape(1, t, -1)  # [1, T, H * D]
 
-        out = self.target(input_ids, position_ids, dict(zip(self.kinds, masks)), [], [], write=attend)
+        out = self.target(input_ids, position_ids, dict(zip(self.kinds, masks)), [], [],
+                          form=State(attend, Slots(self.ring)), ops=SPELLED_GELU)
         return out.logits, out.hidden
 
     def drafter_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
@@ -147,7 +152,7 @@ class Program(nn.Module):
         embed = F.embedding(input_ids, self.target.model.embed_tokens.weight) * self.target.embed_scale  # [1, 1, Ht]
         kv_in = {kind: self._cache(self.sources[kind], m.shape[-1]) for kind, m in zip(kinds, masks)}
         head = self.head_table if self.drafter.cfg.head_from == "target" else None
-        out = self.drafter(embed, hidden, position_ids, dict(zip(kinds, masks)), kv_in, head)
+        out = self.drafter(embed, hidden, position_ids, dict(zip(kinds, masks)), kv_in, head, ops=SPELLED_GELU)
         return out.token_ids, out.logits, out.hidden
 
 
@@ -163,17 +168,12 @@ def _method(program: Program, forward: Callable):
 
 @contextlib.contextmanager
 def _exporting(program: Program):
-    """The models as the program runs them: slot attention, rings addressed by position % slots, and GELU written
-    out (`model.gelu_tanh_spelled`: XNNPACK's lowering of the fused tanh GELU computes the erf one)."""
-    model, layout = program.target, program.layout
-    model.slot_attention = True
-    model.sliding_ring = layout.slots(kv.SLIDING) if kv.SLIDING in layout.kinds() else None
-    try:
-        with spelled_gelu(program), warnings.catch_warnings(), quiet("torch", "torch.export", *IMPORT_NOISE):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        model.slot_attention, model.sliding_ring = False, None
+    """torch.export's warnings and logs quiet while the program's methods are traced (the models run as the program
+    runs them: `Program.target_forward` passes its attention form and the GELU written out,
+    `ops.gelu_tanh_spelled`: XNNPACK's lowering of the fused tanh GELU computes the erf one)."""
+    with warnings.catch_warnings(), quiet("torch", "torch.export", *IMPORT_NOISE):
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _export(program: Program, forward: Callable, args: tuple, dynamic: tuple, what: str):

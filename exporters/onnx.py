@@ -8,7 +8,7 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
   * one target graph for every T (prefill chunks, verify, T=1 decode): the weights dominate a decode step;
   * symbolic cache length, so the runtime binds only the slot prefix in use (no attention over 2048 empty
     slots); caches keep the contract's head-major [1, H_kv, S, D] layout;
-  * full attention is batch-invariant (edge_spec.model.transformer.attend_slots): every key's score and every value sits
+  * full attention is batch-invariant (edge_spec.model.attention.attend_slots): every key's score and every value sits
     in its slot's column (slot == position; the new V rows are written into a copy of the bound V cache, the
     new keys' scores into the cache scores), so a verify pass reproduces T=1 decode steps bit for bit; this
     costs one copy of the bound V prefix per layer and step (measured in docs/architecture.md). Sliding
@@ -17,7 +17,7 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
     evicts one an earlier row of the same forward still reads (`kv.ring_slots`);
   * with the dynamo exporter the target uses onnxruntime's fused RotaryEmbedding (rope tables of max_context
     rows) and SkipSimplifiedLayerNormalization (residual add + RMSNorm) kernels and packed q/k/v and gate/up
-    projections (`Transformer.use_fused_ops`; SmolLM2 int8: 1,383 -> 805 nodes per step, ~15-20% faster
+    projections (`onnx_fused.FusedOps`; SmolLM2 int8: 1,383 -> 805 nodes per step, ~15-20% faster
     decode, measured in docs/architecture.md);
   * the target's input embedding table is written once, raw, as `onnx/embed_table.bin`: the target graph
     reads it as external data of its `embed_table` initializer and the drafter graph takes it as an input
@@ -61,7 +61,10 @@ from edge_spec.errors import ConfigError, ExportError
 from edge_spec.contract.formats import FORMATS, check_precision
 from edge_spec.logs import quiet
 from edge_spec.contract.manifest import GraphEntry, TableEntry
+from edge_spec.model.forms import SPLIT, Form, Slots
+from edge_spec.model.ops import EAGER, Ops
 from edge_spec.model.transformer import Transformer
+from edge_spec.exporters.onnx_fused import FusedOps
 
 ONNX_DIR = "onnx"
 TARGET_FILE = f"{ONNX_DIR}/target.onnx"
@@ -81,13 +84,13 @@ ACCURACY_LEVEL = 4
 class TargetGraph(nn.Module):
     """(input_ids, position_ids, masks per kind, k/v caches per cached layer) -> (logits, hidden, k/v new rows)."""
 
-    def __init__(self, model: Transformer, kinds: tuple[str, ...]):
+    def __init__(self, model: Transformer, kinds: tuple[str, ...], form: Form, ops: Ops):
         super().__init__()
-        self.model, self.kinds = model, kinds
+        self.model, self.kinds, self.form, self.ops = model, kinds, form, ops
 
     def forward(self, input_ids, position_ids, masks: tuple, caches: tuple):
         out = self.model(input_ids, position_ids, dict(zip(self.kinds, masks)), list(caches[0::2]),
-                         list(caches[1::2]))
+                         list(caches[1::2]), form=self.form, ops=self.ops)
         rows = [r for k, v in zip(out.new_k, out.new_v) for r in (k, v)]
         return (out.logits, out.hidden, *rows)
 
@@ -199,7 +202,7 @@ ATTENTION_FORMS = ("slots", "split")
 
 def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "dynamo",
                   attention: str = "slots") -> onnx.ModelProto:
-    """The target graph. `attention`: "slots" (batch-invariant, edge_spec.model.transformer.attend_slots; what bundles ship) or
+    """The target graph. `attention`: "slots" (batch-invariant, edge_spec.model.attention.attend_slots; what bundles ship) or
     "split" (cache part + new part, the form before 2026-11-30): kept only as the negative control of the exactness
     tests and the host check, which must find it not batch-invariant."""
     if attention not in ATTENTION_FORMS:
@@ -217,19 +220,12 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
     s_dims = {kind: torch.export.Dim(kv.slots_dim(kind), min=1, max=layout.slots(kind)) for kind in kinds}
     dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in kinds),
                tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"))
-    model.slot_attention = attention == "slots"  # batch-invariant attention (edge_spec.model.transformer.attend_slots)
-    if kv.SLIDING in kinds and layout.max_pass is not None and model.slot_attention:  # ring slots (uncapped: split)
-        model.sliding_ring = layout.slots(kv.SLIDING)
-    if exporter == "dynamo":  # onnxruntime's fused rotary / skip-norm kernels (TorchScript cannot emit them)
-        model.use_fused_ops(layout.max_context)
-    try:
-        proto = _torch_export(TargetGraph(model, kinds).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
-        _blank_unused_outputs(proto)
-        return proto
-    finally:
-        model.slot_attention = False
-        model.sliding_ring = None
-        model.use_fused_ops(None)
+    ring = layout.slots(kv.SLIDING) if kv.SLIDING in kinds and layout.max_pass is not None else None  # uncapped: split
+    form = Slots(ring) if attention == "slots" else SPLIT  # batch-invariant attention (edge_spec.model.forms)
+    ops = FusedOps(model, layout.max_context) if exporter == "dynamo" else EAGER  # TorchScript cannot emit them
+    proto = _torch_export(TargetGraph(model, kinds, form, ops).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
+    _blank_unused_outputs(proto)
+    return proto
 
 
 def export_drafter(drafter: Drafter, target: Transformer, layout: kv.KVLayout, sources: dict[str, int], *,

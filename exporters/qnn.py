@@ -58,6 +58,7 @@ from edge_spec.contract.backend import Session
 from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
 from edge_spec.loading.checkpoints import LoadedModel
 from edge_spec.model.drafter import Drafter
+from edge_spec.model.forms import PLACED
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.exporters import static
 from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter, keep_name, pass_lengths, slot_index_name
@@ -441,25 +442,25 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool) -> tuple[di
     names_in = [t.name for t in target_io.inputs]
     placed_in = names_in[:2 + len(kinds)] + [keep_name(k) for k in kinds] + [slot_index_name(k) for k in kinds] \
         + names_in[2 + len(kinds):]
-    with static.fixed_models(job, attention="placed") as model:
-        for t in lengths:
-            step(f"exporting the target at T = {t}")
-            fp32[target_graph(t)] = work / f"{target_graph(t)}.onnx"
-            _onnx(static.PlacedTargetFunction(model, kinds).eval(), static.placed_target_args(layout, slots, t),
-                  (placed_in, [o.name for o in target_io.outputs]), fp32[target_graph(t)], target_graph(t))
-            linears_as_conv(fp32[target_graph(t)])
-        if job.drafter is not None:
-            step("exporting the drafter step")
-            drafter_io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size,
-                                       job.drafter.cfg.candidates_per_step, output_table=False, tables=False)
-            fp32[DRAFTER_GRAPH] = work / f"{DRAFTER_GRAPH}.onnx"
-            module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources))).eval()
-            _onnx(module, static.drafter_args(model, layout, job.sources, slots, ids=torch.int32),
-                  ([t.name for t in drafter_io.inputs], [t.name for t in drafter_io.outputs]), fp32[DRAFTER_GRAPH],
-                  DRAFTER_GRAPH)
-            linears_as_conv(fp32[DRAFTER_GRAPH])
-        step("calibrating on the bench prompts (fp32 graphs, CPU)")
-        feeds = calibrate(job, fp32, lengths, slots, host_sink)
+    model = job.target.model.eval()
+    for t in lengths:
+        step(f"exporting the target at T = {t}")
+        fp32[target_graph(t)] = work / f"{target_graph(t)}.onnx"
+        _onnx(static.PlacedTargetFunction(model, kinds).eval(), static.placed_target_args(layout, slots, t),
+              (placed_in, [o.name for o in target_io.outputs]), fp32[target_graph(t)], target_graph(t))
+        linears_as_conv(fp32[target_graph(t)])
+    if job.drafter is not None:
+        step("exporting the drafter step")
+        drafter_io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size,
+                                   job.drafter.cfg.candidates_per_step, output_table=False, tables=False)
+        fp32[DRAFTER_GRAPH] = work / f"{DRAFTER_GRAPH}.onnx"
+        module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources)), PLACED).eval()
+        _onnx(module, static.drafter_args(model, layout, job.sources, slots, ids=torch.int32),
+              ([t.name for t in drafter_io.inputs], [t.name for t in drafter_io.outputs]), fp32[DRAFTER_GRAPH],
+              DRAFTER_GRAPH)
+        linears_as_conv(fp32[DRAFTER_GRAPH])
+    step("calibrating on the bench prompts (fp32 graphs, CPU)")
+    feeds = calibrate(job, fp32, lengths, slots, host_sink)
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
     pre = {}

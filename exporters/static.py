@@ -20,29 +20,30 @@ The `state` binding (Core ML's MLState): the caches are buffers of the function 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from edge_spec.contract import kv
 from edge_spec.model.drafter import Drafter
-from edge_spec.model.transformer import Attention, Transformer, attend_slots, group_mask, spelled_gelu
+from edge_spec.model.attention import attend_slots, group_mask
+from edge_spec.model.forms import PLACED, SPLIT, Form, Mask, Slots, State
+from edge_spec.model.ops import SPELLED_GELU
+from edge_spec.model.transformer import Transformer
 
 
 class TargetFunction(nn.Module):
     """(input_ids, position_ids, *masks, *caches) -> (logits, hidden, *new rows), slot attention."""
 
-    def __init__(self, model: Transformer, kinds: tuple[str, ...]):
+    def __init__(self, model: Transformer, layout: kv.KVLayout):
         super().__init__()
-        self.model, self.kinds = model, kinds
+        self.model, self.kinds, self.form = model, layout.kinds(), slot_form(layout)
 
     def forward(self, input_ids, position_ids, *rest):
         n = len(self.kinds)
         masks, caches = rest[:n], rest[n:]
         out = self.model(input_ids.long(), position_ids.long(), dict(zip(self.kinds, masks)), list(caches[0::2]),
-                         list(caches[1::2]))
+                         list(caches[1::2]), form=self.form, ops=SPELLED_GELU)
         return (out.logits, out.hidden, *[r for k, v in zip(out.new_k, out.new_v) for r in (k, v)])
 
 
@@ -60,17 +61,18 @@ class PlacedTargetFunction(nn.Module):
     def forward(self, input_ids, position_ids, *rest):
         n = len(self.kinds)
         masks, keeps, index, caches = rest[:n], rest[n:2 * n], rest[2 * n:3 * n], rest[3 * n:]
-        packed = {kind: (masks[i], keeps[i], index[i]) for i, kind in enumerate(self.kinds)}
-        out = self.model(input_ids.long(), position_ids.long(), packed, list(caches[0::2]), list(caches[1::2]))
+        placed = {kind: Mask(masks[i], keeps[i], index[i]) for i, kind in enumerate(self.kinds)}
+        out = self.model(input_ids.long(), position_ids.long(), placed, list(caches[0::2]), list(caches[1::2]),
+                         form=PLACED, ops=SPELLED_GELU)
         return (out.logits, out.hidden, *[r for k, v in zip(out.new_k, out.new_v) for r in (k, v)])
 
 
 class DrafterFunction(nn.Module):
     """(input_ids, hidden, position_ids, *masks, *source caches) -> (ids, logits, next hidden); tables constant."""
 
-    def __init__(self, drafter: Drafter, target: Transformer, kinds: tuple[str, ...]):
+    def __init__(self, drafter: Drafter, target: Transformer, kinds: tuple[str, ...], form: Form = SPLIT):
         super().__init__()
-        self.drafter, self.kinds = drafter, kinds
+        self.drafter, self.kinds, self.form = drafter, kinds, form  # PLACED in the placed target's bundles
         self.embed_scale = float(target.embed_scale)
         self.embed = target.model.embed_tokens.weight
         self.table = target.lm_head.weight if drafter.cfg.head_from == "target" else None
@@ -80,7 +82,8 @@ class DrafterFunction(nn.Module):
         masks, caches = rest[:n], rest[n:]
         token_embed = F.embedding(input_ids.long(), self.embed) * self.embed_scale  # [1, 1, Ht]
         pairs = {kind: (caches[2 * i], caches[2 * i + 1]) for i, kind in enumerate(self.kinds)}
-        out = self.drafter(token_embed, hidden, position_ids.long(), dict(zip(self.kinds, masks)), pairs, self.table)
+        out = self.drafter(token_embed, hidden, position_ids.long(), dict(zip(self.kinds, masks)), pairs, self.table,
+                           form=self.form, ops=SPELLED_GELU)
         return out.token_ids.to(torch.int32), out.logits, out.hidden
 
 
@@ -142,7 +145,7 @@ class StateTargetFunction(StateCaches):
                 grouped[key] = group_mask(masks[kind], key[1])
             return attend_slots(q, kc, None, None, vc, *grouped[key], scale)  # [1, T, H * D]
 
-        out = self.model(input_ids.long(), position_ids.long(), masks, [], [], write=attend)
+        out = self.model(input_ids.long(), position_ids.long(), masks, [], [], form=State(attend), ops=SPELLED_GELU)
         return out.logits, out.hidden
 
 
@@ -201,27 +204,6 @@ def drafter_args(target: Transformer, layout: kv.KVLayout, sources: dict[str, in
     return (input_ids, hidden, pos, *masks, *caches)
 
 
-@contextlib.contextmanager
-def fixed_models(job, attention: str = "slots"):
-    """The target (and drafter) set up as fixed-shape graphs run them, the tanh GELU written out
-    (`model.spelled_gelu`). attention "slots": slot attention (batch-invariant in float: Core ML), rings addressed
-    by position % slots; "state": the models as they are (`StateTargetFunction` addresses slots itself);
-    "placed": `PlacedTargetFunction`'s form (`model.place_rows` + `model.attend_concat`: no
-    scatter, what the HTP compiles).
-    Yields the target model."""
-    model, layout = job.target.model.eval(), job.layout
-    drafters = [job.drafter] if job.drafter is not None else []
-    layers = [m for net in [model, *drafters] for m in net.modules() if isinstance(m, Attention)]
-    if attention == "slots":
-        model.slot_attention = True
-        model.sliding_ring = layout.slots(kv.SLIDING) if kv.SLIDING in layout.kinds() else None
-    elif attention == "placed":
-        for m in layers:
-            m.concat = True
-    try:
-        with spelled_gelu(model, *drafters):
-            yield model
-    finally:
-        model.slot_attention, model.sliding_ring = False, None
-        for m in layers:
-            m.concat = False
+def slot_form(layout: kv.KVLayout) -> Slots:
+    """Slot attention as fixed-shape graphs run it (batch-invariant in float), rings addressed by position % slots."""
+    return Slots(layout.slots(kv.SLIDING) if kv.SLIDING in layout.kinds() else None)

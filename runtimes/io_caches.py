@@ -4,7 +4,7 @@ scripts/et_binding_cost.py drives an ExecuTorch method with it). Fixed-shape gra
 
 One flat float32 buffer per cached layer and K / V, allocated once with the layer's full slot count. A runtime binds
 only a *bucket* of it: the smallest multiple of `bucket` slots that holds every visible key (full attention: and the
-slots a pass writes, see edge_spec.model.transformer.attend_slots), viewed as the contiguous prefix [1, H_kv, b, D] of the flat
+slots a pass writes, see edge_spec.model.attention.attend_slots), viewed as the contiguous prefix [1, H_kv, b, D] of the flat
 buffer (the contract's head-major layout: nothing is copied per step). When a kind's bucket grows (every `bucket`
 tokens) or shrinks (after a reset / rewind) the heads are moved apart or together in place, O(rows in use), and
 `generation` is bumped so a runtime knows its bound views moved.

@@ -14,6 +14,7 @@ import torch
 
 from edge_spec.contract.backend import StepOutput
 from edge_spec.contract.kv import FULL, SLIDING, CacheSpec, KVLayout, source_caches
+from edge_spec.model.forms import SPLIT, Slots
 from edge_spec.model.transformer import Transformer
 
 
@@ -26,9 +27,11 @@ class TorchBackend:
             torch.set_num_threads(threads)
         self.model = model
         self.layout = layout
-        # batch-invariant attention (edge_spec.model.transformer.attend_slots), as the exported graphs run it: every key in
+        # batch-invariant attention (edge_spec.model.attention.attend_slots), as the exported graphs run it: every key in
         # its slot's column, so a verify row repeats a decode step's sums; off: the split form (no cache copy)
         self.slot_attention = slot_attention
+        ring = layout.slots(SLIDING) if layout.max_pass is not None and SLIDING in layout.kinds() else None
+        self.form = Slots(ring) if slot_attention else SPLIT  # rings of kv.ring_slots, as exported
         self.specs: list[CacheSpec] = list(layout.caches)
         self.k = [torch.zeros(s.shape) for s in self.specs]  # [1, H_kv, S, D] each
         self.v = [torch.zeros(s.shape) for s in self.specs]
@@ -58,15 +61,8 @@ class TorchBackend:
         ks = [k[:, :, :visible[spec.kind]] for k, spec in zip(self.k, self.specs)]
         vs = [v[:, :, :visible[spec.kind]] for v, spec in zip(self.v, self.specs)]
         start = time.perf_counter()
-        keep = self.model.slot_attention, self.model.sliding_ring
-        self.model.slot_attention = self.slot_attention
-        if self.slot_attention and self.layout.max_pass is not None and SLIDING in visible:
-            self.model.sliding_ring = self.layout.slots(SLIDING)  # ring slots (kv.ring_slots), as exported
-        try:
-            out = self.model(torch.from_numpy(input_ids), torch.from_numpy(position_ids), torch_masks, ks, vs,
-                             last_only=last_only)
-        finally:
-            self.model.slot_attention, self.model.sliding_ring = keep
+        out = self.model(torch.from_numpy(input_ids), torch.from_numpy(position_ids), torch_masks, ks, vs,
+                         last_only=last_only, form=self.form)
         self.kernel_s += time.perf_counter() - start
         assert out.new_k[0].shape[2] == t
         self._pending = (out.new_k, out.new_v)

@@ -30,7 +30,8 @@ from edge_spec.model.config import kv_layout
 from edge_spec.runtimes.io_caches import IoCaches, NewRows
 from edge_spec.exporters import executorch as et_export
 from edge_spec.exporters.onnx import TargetGraph
-from edge_spec.model.transformer import spelled_gelu
+from edge_spec.model.forms import Slots
+from edge_spec.model.ops import SPELLED_GELU
 from edge_spec.runtimes import executorch as et_runtime
 
 BUCKET = et_runtime.BUCKET  # both forms attend over multiples of 64 slots
@@ -55,14 +56,9 @@ def lower_io(model, layout):
     s_dim = torch.export.Dim(kv.slots_dim(kv.FULL), min=1, max=layout.max_context)
     dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in kinds),
                tuple({2: s_dim} for _ in layout.caches for _ in "kv"))
-    model.slot_attention = True
-    try:
-        with spelled_gelu(model), torch.no_grad():
-            ep = torch.export.export(TargetGraph(model, kinds).eval(), (ids, pos, masks, caches),
-                                     dynamic_shapes=dynamic, strict=False,
-                                     prefer_deferred_runtime_asserts_over_guards=True)
-    finally:
-        model.slot_attention = False
+    with torch.no_grad():
+        ep = torch.export.export(TargetGraph(model, kinds, Slots(), SPELLED_GELU).eval(), (ids, pos, masks, caches),
+                                 dynamic_shapes=dynamic, strict=False, prefer_deferred_runtime_asserts_over_guards=True)
     return et_export.lower({"target": ep}, {})
 
 

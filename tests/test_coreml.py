@@ -245,14 +245,14 @@ def test_state_package_declares_one_set_of_states(gemma_state):
 def _round_kv(monkeypatch):
     """Eager attention with every new key and value rounded to fp16 before it is used or cached, as the states hold
     them: the reference a `--kv state` package matches to the fp32 tolerance."""
-    from edge_spec.model.transformer import Attention
+    from edge_spec.model.forms import Pass
 
-    attend = Attention._attend
+    attend = Pass.attend
 
-    def rounded(self, q, k, v, *rest):
-        return attend(self, q, *(None if x is None else x.half().to(x.dtype) for x in (k, v)), *rest)
+    def rounded(self, layer, i, q, k, v, *rest):
+        return attend(self, layer, i, q, *(None if x is None else x.half().to(x.dtype) for x in (k, v)), *rest)
 
-    monkeypatch.setattr(Attention, "_attend", rounded)
+    monkeypatch.setattr(Pass, "attend", rounded)
 
 
 @pytest.fixture

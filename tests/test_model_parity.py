@@ -7,6 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from edge_spec.exporters.onnx_fused import FusedOps
+
 from edge_spec.loading import checkpoints
 from edge_spec.contract.backend import Session
 from edge_spec.model.config import kv_layout
@@ -72,15 +74,17 @@ def test_multimodal_gemma4_folder_loads_text_part(tmp_path):
 
 @pytest.mark.parametrize("family", ["llama", "gemma4"])
 def test_fused_op_forms_give_the_same_logits_in_eager(family, tiny_llama, tiny_gemma4):
-    """`use_fused_ops` (rope tables + residual adds folded into the norms, what exports to onnxruntime's
-    RotaryEmbedding / SkipSimplifiedLayerNormalization) computes the same sums in the same order: bit-identical."""
+    """`FusedOps` (rope tables, packed projections, residual adds folded into the norms: what exports to
+    onnxruntime's RotaryEmbedding / SkipSimplifiedLayerNormalization) computes the same sums in the same order as
+    the eager `Ops`: bit-identical."""
     folder = (tiny_llama if family == "llama" else tiny_gemma4)[0]
     loaded = checkpoints.load(str(folder))
-    ids = list(np.random.default_rng(2).integers(0, 320, 20))
-    plain = full_logits(loaded, ids)
-    loaded.model.use_fused_ops(64)
-    try:
-        fused = full_logits(loaded, ids)
-    finally:
-        loaded.model.use_fused_ops(None)
-    assert np.array_equal(fused, plain)
+    model, t = loaded.model, 20
+    ids = torch.from_numpy(np.random.default_rng(2).integers(0, 320, (1, t)))
+    causal = torch.triu(torch.full((t, t), -1e9), 1)[None, None]  # [1, 1, T, 0 + T]: empty caches
+    masks = {kind: causal for kind in set(loaded.config.layer_kinds)}
+    empty = [torch.zeros(1, c.num_kv_heads, 0, c.head_dim) for c in kv_layout(loaded.config, 64).caches]
+    with torch.no_grad():
+        plain = model(ids, torch.arange(t)[None], masks, empty, empty).logits
+        fused = model(ids, torch.arange(t)[None], masks, empty, empty, ops=FusedOps(model, 64)).logits
+    assert fused.abs().max() > 0 and torch.equal(fused, plain)

@@ -241,7 +241,7 @@ def host_checked_session(folder):
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "int4"])
 def test_verify_rows_are_bit_identical_to_decode_steps(llama, tmp_path, precision):
     """The property greedy exactness rests on: a T=k+1 verify pass gives, row for row, the *same bits* as k+1
-    T=1 decode steps (batch-invariant attention, edge_spec.model.transformer.attend_slots), in the row mode the host check
+    T=1 decode steps (batch-invariant attention, edge_spec.model.attention.attend_slots), in the row mode the host check
     picks: one-token passes as they are where this CPU's one-row kernels sum like its multi-row ones, else with a
     masked dummy row (AMD AVX2: onnxruntime's 4-bit MatMulNBits). int8 activations inside MatMulNBits amplify any
     1-ulp difference, so quantized graphs are where a split would show. Positions 58..69 cross a bucket edge

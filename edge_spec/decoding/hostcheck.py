@@ -2,7 +2,7 @@
 
 Greedy speculative output equals plain greedy output only if every position's logits come out with the same bits
 whether the target computed them in a one-token decode step or as a row of a (k + 1)-token verify pass. Our graphs
-are built for that (batch-invariant attention, edge_spec.model.transformer.attend_slots), but the kernels under them are chosen
+are built for that (batch-invariant attention, edge_spec.model.attention.attend_slots), but the kernels under them are chosen
 per CPU: on an AMD EPYC (AVX2) onnxruntime's 4-bit MatMulNBits takes a one-row kernel whose sums run in another
 order than its multi-row kernel, while every multi-row call agrees row for row (docs/architecture.md, "Exactness
 on every CPU"). So exactness is a property of (artifact, runtime, CPU), and this module measures it:

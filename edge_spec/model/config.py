@@ -303,7 +303,7 @@ def kv_layout(cfg: ModelConfig, max_context: int, max_pass: int | None = None, b
     `max_pass` caps the tokens of one forward. `io` binding: it only matters with sliding layers (their rings grow
     to W + max_pass - 1 slots) and is dropped for full-attention-only models, whose graphs take any T. `state`
     binding: always kept (the program's buffers are planned for it; rings of W + max_pass); so with `fixed_shapes`
-    (Core ML, QNN: the largest fixed pass length)."""
+    (fixed-shape formats: the largest fixed pass length)."""
     from edge_spec.contract.kv import BINDING_STATE, CacheSpec, KVLayout, ring_slots
 
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:

@@ -28,7 +28,8 @@ from torch import nn
 from edge_spec.model.config import GEMMA4, REUSE, ModelConfig, _parse_gemma4
 from edge_spec.errors import CheckpointError
 from edge_spec.model.transformer import RMSNorm, Block
-from edge_spec.model.rope import rope_cos_sin
+from edge_spec.model.forms import SPLIT, Form
+from edge_spec.model.ops import EAGER, Ops
 
 
 @dataclass(frozen=True)
@@ -147,30 +148,32 @@ class Drafter(nn.Module):
             self.register_buffer(f"inv_freq_{kind}", torch.from_numpy(spec.inv_freq()), persistent=False)
 
     def states(self, token_embed: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-               masks: dict[str, torch.Tensor], kv: dict[str, tuple[torch.Tensor, torch.Tensor]]):
+               masks: dict[str, torch.Tensor], kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
+               form: Form = SPLIT, ops: Ops = EAGER):
         """Batched core of a draft step (training runs many anchors at once as N query rows).
 
         token_embed, hidden: [B, N, Ht]; position_ids: [B, N]; masks: kind -> [B|1, 1, N, S];
-        kv: kind -> (k, v) [B, H_kv, S, D]. Returns (h [B, N, Ha] after the final norm, projected [B, N, Ht])."""
+        kv: kind -> (k, v) [B, H_kv, S, D]; form / ops: as Transformer.forward takes them.
+        Returns (h [B, N, Ha] after the final norm, projected [B, N, Ht])."""
         x = self.pre_projection(torch.cat([token_embed, hidden], dim=-1))
         cfg = self.cfg.layers
-        rope = {kind: rope_cos_sin(position_ids, getattr(self, f"inv_freq_{kind}")) for kind in cfg.rope}
+        rope = {kind: ops.rope(self, kind, position_ids) for kind in cfg.rope}
         # REUSE layers read shared[kind] = ((k parts), (v parts)); a plain (k, v) pair is one part each
         shared = {kind: ((k,), (v,)) if torch.is_tensor(k) else (k, v) for kind, (k, v) in kv.items()}
+        run = form.begin(position_ids, masks, shared)
         for layer, block in enumerate(self.model.layers):
-            kind = cfg.layer_kinds[layer]
-            x, _ = block(x, rope[kind], masks[kind], None, None, shared, None)
+            x, _ = block(x, rope[cfg.layer_kinds[layer]], run, ops, None, (None, None))
         h = self.model.norm(x)
         projected = self.post_projection(h)
         return h, projected + hidden if self.cfg.residual else projected
 
     def forward(self, token_embed: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                 masks: dict[str, torch.Tensor], kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                target_table: torch.Tensor | None = None) -> DraftOutput:
+                target_table: torch.Tensor | None = None, form: Form = SPLIT, ops: Ops = EAGER) -> DraftOutput:
         """token_embed, hidden: [1, 1, Ht]; position_ids: [1, 1]; masks: kind -> [1, 1, 1, S_kind];
         kv: kind -> (k, v) target cache [1, H_kv, S_kind, D] of the source layer of that kind;
         target_table: the target's output embedding [V, Ht] (needed when head_from == "target")."""
-        h, projected = self.states(token_embed, hidden, position_ids, masks, kv)  # [1, 1, Ha], [1, 1, Ht]
+        h, projected = self.states(token_embed, hidden, position_ids, masks, kv, form, ops)  # [1, 1, Ha], [1, 1, Ht]
         ids, logits = self.head(h[0, 0], projected[0, 0], target_table)
         return DraftOutput(ids, logits, projected)
 

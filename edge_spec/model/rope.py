@@ -1,9 +1,7 @@
-"""Rotary position embedding (rotate-half, Hugging Face layout) in the two forms the model uses.
+"""Rotary position embedding (rotate-half, Hugging Face layout): cos / sin of one forward's positions.
 
-`Rope` (cos / sin of this forward's positions, computed in the graph) is what eager training and the torch
-runtime use; `TableRope` (per-position tables + position ids) is what exported graphs hand onnxruntime's fused
-com.microsoft RotaryEmbedding kernel (`rotate`, `rotate_heads`; `Transformer.use_fused_ops`). Both give the same
-values in eager (tested bit for bit, tests/test_model_parity.py).
+`edge_spec.model.ops.Ops` applies it; a runtime with a fused rotary kernel reads the same angles from
+per-position tables instead (its `Ops` subclass; tested equal in eager).
 """
 
 from __future__ import annotations
@@ -17,20 +15,6 @@ class Rope(NamedTuple):
     """Rotary embedding of one forward, one attention kind: cos, sin [1, T, 1, D] (see `rope_cos_sin`)."""
     cos: torch.Tensor
     sin: torch.Tensor
-
-
-class TableRope(NamedTuple):
-    """The same rotation read from per-position tables: what exported graphs hand onnxruntime's fused
-    RotaryEmbedding kernel (`rotate`). cos, sin: [max_context, D/2]; position_ids: [1, T]."""
-    cos: torch.Tensor
-    sin: torch.Tensor
-    position_ids: torch.Tensor
-
-    def rope(self) -> Rope:
-        """The eager form: the tables' rows at `position_ids` as cos, sin [1, T, 1, D] (same values as
-        `rope_cos_sin` at those positions)."""
-        cos, sin = self.cos[self.position_ids], self.sin[self.position_ids]  # [1, T, D/2]
-        return Rope(torch.cat([cos, cos], -1)[:, :, None], torch.cat([sin, sin], -1)[:, :, None])
 
 
 def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> Rope:
@@ -51,30 +35,3 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x * cos + rotated * sin).type_as(x)  # cos/sin stay fp32; a bf16 teacher keeps bf16 activations
-
-
-def _ort_rotary(x: torch.Tensor, rope: TableRope, **attrs) -> torch.Tensor:
-    """One com.microsoft RotaryEmbedding node over x (3-D [1, T, N * D] with num_heads, or 4-D [1, N, T, D])."""
-    return torch.onnx.ops.symbolic("com.microsoft::RotaryEmbedding", (x, rope.position_ids, rope.cos, rope.sin),
-                                   {"interleaved": 0, **attrs}, dtype=x.dtype, shape=x.shape, version=1)
-
-
-def rotate(x: torch.Tensor, rope: Rope | TableRope, head_dim: int) -> torch.Tensor:
-    """x: [1, T, N * D] (N heads of `head_dim`) -> x rotated by `rope`, same shape. A TableRope under ONNX export
-    is one com.microsoft RotaryEmbedding node (it replaces six element-wise nodes per tensor); in eager it reads
-    the tables and applies the same maths as `apply_rope`."""
-    b, t, nd = x.shape
-    if isinstance(rope, TableRope):
-        if torch.onnx.is_in_onnx_export():
-            return _ort_rotary(x, rope, num_heads=nd // head_dim)
-        rope = rope.rope()
-    return apply_rope(x.view(b, t, -1, head_dim), rope.cos, rope.sin).view(b, t, nd)
-
-
-def rotate_heads(x: torch.Tensor, rope: TableRope) -> torch.Tensor:
-    """x: [1, N, T, D] (heads first) -> rotated, same shape: one RotaryEmbedding node on its 4-D (BNSH) input
-    under ONNX export, the `apply_rope` maths in eager."""
-    if torch.onnx.is_in_onnx_export():
-        return _ort_rotary(x, rope)
-    cos, sin = rope.rope()  # [1, T, 1, D] -> [1, 1, T, D] for heads-first x
-    return apply_rope(x, cos.transpose(1, 2), sin.transpose(1, 2))

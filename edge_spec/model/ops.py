@@ -1,0 +1,74 @@
+"""How the model computes rotary embeddings, projections and residual norms: `Ops`, plain eager PyTorch.
+
+A runtime whose kernels fuse these pieces (one rotary node per tensor, packed projections, a residual add fused
+with the norm after it) passes its own subclass to `Transformer.forward(ops=...)`, with the same maths in eager
+(its exporter tests that), so the model itself names no runtime.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_spec.model.rope import Rope, apply_rope, rope_cos_sin
+
+
+def packed_linear(*layers: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sibling projections of one input as one (weight [sum N, K], bias [sum N] or None): one MatMul + Split."""
+    weight = torch.cat([m.weight.detach() for m in layers])
+    bias = torch.cat([m.bias.detach() for m in layers]) if layers[0].bias is not None else None
+    return weight, bias
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation (Gemma's activation)."""
+    return F.gelu(x, approximate="tanh")
+
+
+def gelu_tanh_spelled(x: torch.Tensor) -> torch.Tensor:
+    """The same function written out, for exporters whose lowering turns the fused tanh GELU into the exact (erf)
+    one (measured up to 4.7e-4 apart on N(0, 9) inputs; docs/architecture.md names the exporters)."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+class Ops:
+    fold_residuals = False  # llama blocks hand their MLP output to the next norm (`skip_norm`) instead of adding it
+
+    def __init__(self, spelled_gelu: bool = False):
+        self.spelled_gelu = spelled_gelu  # GELU as `gelu_tanh_spelled` (same values, no fused GELU op in the graph)
+
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh_spelled(x) if self.spelled_gelu else gelu_tanh(x)
+
+    def rope(self, model: nn.Module, kind: str, position_ids: torch.Tensor):
+        """The rotation of one forward for layers of `kind`: position_ids [1, T] -> what `rotate` takes."""
+        return rope_cos_sin(position_ids, getattr(model, f"inv_freq_{kind}"))
+
+    def rotate(self, x: torch.Tensor, rope: Rope, head_dim: int) -> torch.Tensor:
+        """x: [1, T, N * D] (N heads of `head_dim`) -> rotated, same shape."""
+        b, t, nd = x.shape
+        return apply_rope(x.view(b, t, -1, head_dim), rope.cos, rope.sin).view(b, t, nd)
+
+    def rotate_heads(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        """x: [1, N, T, D] (heads first) -> rotated, same shape."""
+        return apply_rope(x, rope.cos.transpose(1, 2), rope.sin.transpose(1, 2))
+
+    def qkv(self, attn: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Packed (weight, bias) of the layer's q/k/v projections, or None: three projections."""
+        return None
+
+    def gate_up(self, mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Packed (weight, bias) of the MLP's gate/up projections, or None: two projections."""
+        return None
+
+    def skip_norm(self, x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module):
+        """(norm(x + delta), x + delta): a residual add and the norm after it; delta None: (norm(x), x)."""
+        if delta is None:
+            return norm(x), x
+        s = x + delta
+        return norm(s), s
+
+
+EAGER = Ops()
+SPELLED_GELU = Ops(spelled_gelu=True)
