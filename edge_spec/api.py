@@ -19,7 +19,8 @@ from edge_spec.loading.checkpoints import load as load_checkpoint
 from edge_spec.model.config import kv_layout
 from edge_spec.model.drafter import Drafter, check_pair, load_drafter
 from edge_spec.errors import BundleError, CheckpointError, ConfigError
-from edge_spec.contract.formats import EAGER_RUNTIME, RUNTIMES, get_format, runtime_for
+from edge_spec.contract.formats import (EAGER_RUNTIME, RUN, check_options, check_runtime, format_of_runtime,
+                                        get_format, runtime_for)
 from edge_spec.loading.gguf_import import cache_root
 from edge_spec.decoding.generate import GenerationResult, check_request, generate_plain
 from edge_spec.decoding.hostcheck import HostCheck, checked
@@ -58,10 +59,10 @@ def default_drafter(model: str) -> str | None:
 class Engine:
     """A target session (+ optional drafter) with its tokenizer: `generate(prompt, ...)`.
 
-    Built by `load` (a checkpoint, eager PyTorch) or `load_bundle` (an exported bundle, onnxruntime or eager)."""
+    Built by `load` (a checkpoint, eager PyTorch) or `load_bundle` (an exported bundle, its format's runtime or eager)."""
 
     def __init__(self, *, session: Session, tokenizer, stop_ids: frozenset[int], vocab_size: int,
-                 drafter: DrafterBackend | None = None, runtime: str = "torch", max_draft_len: int | None = None,
+                 drafter: DrafterBackend | None = None, runtime: str = EAGER_RUNTIME, max_draft_len: int | None = None,
                  manifest: Manifest | None = None, loaded: LoadedModel | None = None):
         self.session = session
         # the host check (edge_spec.decoding.hostcheck): None until `check_host` ran; loaders run it when there is a drafter
@@ -82,7 +83,7 @@ class Engine:
 
     def artifact_id(self) -> str:
         """What the host check is keyed on: the bundle's files (every sha256), or the eager model's content id."""
-        if self.manifest is not None and self.runtime != "torch":
+        if self.manifest is not None and self.runtime != EAGER_RUNTIME:
             digest = sorted((rel, f["sha256"]) for rel, f in self.manifest.files.items())
             key = json.dumps([digest, self.session.state.layout.to_json()]).encode()
             return f"bundle:{hashlib.sha256(key).hexdigest()}"
@@ -161,37 +162,34 @@ def _torch_engine(loaded: LoadedModel, drafter: Drafter | None, layout: KVLayout
     backend = TorchBackend(loaded.model, layout, threads=threads or DEFAULT_TORCH_THREADS)
     runner = TorchDrafter(drafter, backend, check_pair(loaded.config, drafter.cfg)) if drafter is not None else None
     engine = Engine(session=Session(backend, prefill_chunk=prefill_chunk), tokenizer=loaded.tokenizer,
-                    stop_ids=loaded.stop_ids, vocab_size=loaded.config.vocab_size, drafter=runner, runtime="torch",
+                    stop_ids=loaded.stop_ids, vocab_size=loaded.config.vocab_size, drafter=runner, runtime=EAGER_RUNTIME,
                     loaded=loaded, **extra)
     if host_check and runner is not None:
         engine.check_host()
     return engine
 
 
-def _check_runtime(runtime: str) -> None:
-    if runtime not in RUNTIMES:
-        raise ConfigError(f"unknown runtime {runtime!r}", f"choose one of {', '.join(RUNTIMES)}")
-
-
 def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: str | None = None,
          max_context: int | None = None, threads: int | None = None, bundle: str | Path | None = None,
-         provider: str | None = None, spin: bool = True, host_check: bool = True, compute_units: str | None = None) -> Engine:
+         spin: bool = True, host_check: bool = True, **options) -> Engine:
     """Load a built-in model name or a local Hugging Face folder (+ optionally a drafter: 'builtin' or a
     folder) and return a ready Engine. With `bundle=DIR`, load an exported bundle instead (see `load_bundle`;
-    runtime defaults to "ort" there, "torch" otherwise). `host_check`: with a drafter, probe (once per model,
-    runtime and CPU; cached) that speculative decoding is exact on this host (`Engine.check_host`)."""
+    runtime defaults to the bundle format's there, "torch" otherwise). `host_check`: with a drafter, probe (once per
+    model, runtime and CPU; cached) that speculative decoding is exact on this host (`Engine.check_host`).
+    `options`: the bundle runtime's own (see `load_bundle`); the eager runtime has none."""
     if bundle is not None:
         if drafter is not None:
             raise ConfigError("a bundle brings its own drafter; `drafter` cannot be combined with `bundle`",
                               "re-export the bundle with --drafter, or load the checkpoint instead of the bundle")
-        return load_bundle(bundle, runtime=runtime, threads=threads, provider=provider,
-                           max_context=max_context, spin=spin, host_check=host_check, compute_units=compute_units)
-    runtime = runtime or "torch"
-    _check_runtime(runtime)
+        return load_bundle(bundle, runtime=runtime, threads=threads, max_context=max_context, spin=spin,
+                           host_check=host_check, **options)
+    runtime = runtime or EAGER_RUNTIME
+    check_runtime(runtime)
     if runtime != EAGER_RUNTIME:
         raise ConfigError(f"the {runtime} runtime runs exported bundles, not checkpoints",
                           f"export one first (edge-spec export --model {model} --out DIR) and pass bundle=DIR "
                           "(CLI: --bundle DIR)")
+    check_options(None, options, RUN, runtime=runtime)
     drafter_module = load_drafter(resolve_drafter(drafter, model)) if drafter else None
     loaded = load_checkpoint(model)
     max_context = max_context or min(DEFAULT_MAX_CONTEXT, loaded.config.max_position_embeddings)
@@ -209,40 +207,38 @@ def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
     return manifest.layout.with_context(max_context)
 
 
-def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int | None = None, provider: str | None = None,
+def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int | None = None,
                 max_context: int | None = None, verify_checksums: bool = True, spin: bool = True,
-                host_check: bool = True, compute_units: str | None = None) -> Engine:
+                host_check: bool = True, **options) -> Engine:
     """Load an exported bundle (verified: schema, sha256 of every file, drafter/target pairing).
 
-    runtime None: the one the bundle's format runs on (edge_spec.contract.formats: onnx -> "ort", executorch ->
-    "executorch"); "torch": the eager reference, reloading the checkpoints the bundle was exported from (their
-    content hashes must match the manifest). `provider`: onnx bundles: onnxruntime's execution provider (cpu, the default |
-    xnnpack | coreml); qnn bundles: qnn (the HTP, default) | cpu (the QDQ reference). Speculative decoding is on by default when the bundle has a drafter.
-    `spin`: the target's idle threads busy-wait between steps (onnxruntime's default, fastest on an otherwise idle
-    machine); False lets them sleep (use it when other processes share the cores). The drafter never spins: it runs
-    between target steps and its spinning would steal their cores.
+    runtime None: the one the bundle's format runs on (its row in edge_spec.contract.formats); "torch": the eager
+    reference, reloading the checkpoints the bundle was exported from (their content hashes must match the manifest).
+    Speculative decoding is on by default when the bundle has a drafter.
+    `spin`: the target's idle threads busy-wait between steps (where the runtime's thread pool does: fastest on an
+    otherwise idle machine); False lets them sleep (use it when other processes share the cores). The drafter never
+    spins: it runs between target steps and its spinning would steal their cores.
     `host_check`: with a drafter, probe (once per bundle, runtime and CPU; cached) that verify rows equal decode
     steps bit for bit on this host and pick the session's row mode from it (`Engine.check_host`).
-    `compute_units`: coreml bundles only, the devices Core ML may use (all | cpu_and_ne | cpu_and_gpu | cpu).
+    `options`: the runtime's own, as its format's row declares them (formats.RUN options, e.g. `provider=`);
+    None means the runtime's default, and one the runtime does not declare is refused.
     """
     folder = Path(folder).expanduser()
     manifest = read_manifest(folder, verify_checksums=verify_checksums)
     fmt = get_format(manifest.format)
     runtime = runtime or fmt.runtime
-    _check_runtime(runtime)
-    if compute_units is not None and runtime != "coreml":
-        raise ConfigError(f"--compute-units applies to coreml bundles, not the {runtime} runtime", "drop --compute-units")
+    check_runtime(runtime)
+    options = check_options(format_of_runtime(runtime), options, RUN, runtime=runtime)
     layout = _bundle_layout(manifest, max_context)
     extra = {"max_draft_len": manifest.max_draft_len, "manifest": manifest}
     if runtime == EAGER_RUNTIME:
-        loaded, drafter = _bundle_sources(manifest)
+        loaded, drafter = _bundle_sources(manifest, fmt.runtime)
         return _torch_engine(loaded, drafter, layout, threads, host_check=host_check, **extra)
     if runtime != fmt.runtime:
         raise BundleError(f"{folder}: the {runtime} runtime does not run {manifest.format!r} bundles",
                           f"use --runtime {fmt.runtime} (or torch), or export with the format {runtime} runs")
-    options = {} if compute_units is None else {"compute_units": compute_units}
-    backend, runner = runtime_for(manifest.format).open_bundle(folder, manifest, layout, threads=threads,
-                                                               provider=provider, spin=spin, **options)
+    backend, runner = runtime_for(manifest.format).open_bundle(folder, manifest, layout, threads=threads, spin=spin,
+                                                               **options)
     engine = Engine(session=Session(backend), tokenizer=Tokenizer(folder), stop_ids=frozenset(manifest.eos_token_ids),
                     vocab_size=manifest.vocab_size, drafter=runner, runtime=runtime, **extra)
     if host_check and runner is not None:
@@ -250,14 +246,14 @@ def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int 
     return engine
 
 
-def _bundle_sources(manifest: Manifest) -> tuple[LoadedModel, Drafter | None]:
+def _bundle_sources(manifest: Manifest, own_runtime: str) -> tuple[LoadedModel, Drafter | None]:
     """The eager models a bundle was exported from, checked against the manifest's content hashes."""
     entries = [("target", manifest.target)] + ([("drafter", manifest.drafter)] if manifest.drafter else [])
     loaded, drafter = None, None
     for role, entry in entries:
         if not entry.source or not Path(entry.source).is_dir():
             raise BundleError(f"the bundle's {role} checkpoint {entry.source or '(exported from memory)'} is not "
-                              "available, so the torch runtime cannot rebuild it", "use runtime 'ort' for this bundle")
+                              "available, so the torch runtime cannot rebuild it", f"use runtime {own_runtime!r} for this bundle")
         if role == "target":
             loaded = load_checkpoint(entry.source)
             state, raw = loaded.model.state_dict(), loaded.config.raw
@@ -266,5 +262,5 @@ def _bundle_sources(manifest: Manifest) -> tuple[LoadedModel, Drafter | None]:
             state, raw = drafter.state_dict(), drafter.cfg.raw
         if content_id(raw, state) != entry.content_sha256:
             raise BundleError(f"the {role} checkpoint at {entry.source} has changed since this bundle was exported",
-                              "re-export the bundle, or use runtime 'ort'")
+                              f"re-export the bundle, or use runtime {own_runtime!r}")
     return loaded, drafter

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from edge_spec import cli_options
 from edge_spec.errors import EdgeSpecError
-from edge_spec.contract.formats import FORMATS, PRECISIONS, RUNTIMES
+from edge_spec.contract import formats
+from edge_spec.contract.formats import CHECK, EXPORT, RUN
+from edge_spec.contract.kv import BINDING_IO, BINDING_STATE
 
 EXIT_USER_ERROR = 2
 
@@ -45,22 +48,15 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", default=None,
                    help="an exported bundle folder (edge-spec export) instead of --model; speculative by default "
                         "when it has a drafter (--no-spec for plain)")
-    p.add_argument("--runtime", default=None, choices=list(RUNTIMES),
-                   help="execution runtime (default: the bundle format's - ort for onnx, executorch for executorch - "
-                        "and torch for --model)")
-    p.add_argument("--provider", "--ep", dest="provider", default=None, choices=["cpu", "xnnpack", "coreml", "qnn"],
-                   help="onnx bundles: onnxruntime's execution provider (cpu, the default | xnnpack | coreml); qnn "
-                        "bundles: qnn (the HTP, the default; simulated on x86-64) | cpu (the QDQ graphs on the CPU); "
-                        "--ep is the same option")
-    p.add_argument("--compute-units", default=None, choices=["all", "cpu_and_ne", "cpu_and_gpu", "cpu"],
-                   help="coreml bundles (macOS): the devices Core ML may use (default all)")
+    p.add_argument("--runtime", default=None, choices=list(formats.runtimes()), help=cli_options.runtime_help())
+    cli_options.add_format_options(p, RUN)
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache size in tokens (default min(2048, model max); a bundle's own by default)")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: onnxruntime one per core; eager torch 1, which does not collapse when "
+                   help="CPU threads (default: the runtime's own, e.g. one per core; eager torch 1, which does not collapse when "
                         "another process shares the cores)")
     p.add_argument("--no-spin", action="store_true",
-                   help="ort: idle threads sleep instead of busy-waiting (slower on an idle machine, much faster "
+                   help="runtimes whose idle threads busy-wait: let them sleep instead (slower on an idle machine, much faster "
                         "when other processes share the cores)")
 
 
@@ -81,40 +77,25 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--drafter", default=None,
                      help="'builtin', a drafter folder or 'none' (default: the built-in drafter when the model ships "
                           "one, as smollm2-135m does; otherwise none)")
-    exp.add_argument("--format", default="onnx", choices=list(FORMATS),
-                     help="artifact format: onnx (onnxruntime), executorch (one .pte, XNNPACK), coreml (one "
-                          "multifunction .mlpackage) or qnn (static QDQ graphs + context binaries for a Snapdragon "
-                          "HTP); default onnx")
-    exp.add_argument("--quant", default=None, choices=list(PRECISIONS),
-                     help="onnx: fp32, fp16 (fp16 compute for accelerator providers; ~10%% slower than fp32 on an "
-                          "x86 CPU), int8 or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head); "
-                          "executorch: fp32 or 8da4w (int8 dynamic activations, int4 weights in groups of 32); "
-                          "coreml: fp16 (compute), fp32, int8 (per channel), int4 (per block of 32, GPU) or "
-                          "int4-channel (ANE); qnn: 16a8w (16-bit activations, 8-bit weights, QDQ) or 8a8w; "
-                          "default: fp32 (onnx, executorch), fp16 (coreml), 16a8w (qnn)")
+    exp.add_argument("--format", default=formats.DEFAULT_FORMAT, choices=list(formats.FORMATS),
+                     help=cli_options.format_help())
+    exp.add_argument("--quant", default=None, choices=list(formats.precisions()), help=cli_options.quant_help())
     exp.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default min(2048, model max))")
     exp.add_argument("--max-draft-len", type=int, default=8, help="largest --spec-k the bundle accepts (default 8)")
     exp.add_argument("--max-pass", type=int, default=None,
                      help="most tokens per forward (prefill chunk, verify pass): sliding-window targets (Gemma-4) get "
-                          "rings of window + max-pass - 1 slots, executorch plans its buffers for it, coreml exports it "
-                          "as the longest fixed pass length (default 64, or max-draft-len + 1 if larger)")
-    exp.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"],
-                     help="torch.onnx exporter: dynamo (default, faster graphs) or torchscript (exports ~10x faster)")
-    exp.add_argument("--soc", default=None, choices=["sm8350", "sm8450", "sm8550", "sm8650", "sm8750"],
-                     help="qnn: the Snapdragon SoC the context binaries are compiled for (default sm8650, Snapdragon 8 "
-                          "Gen 3 / Galaxy S24)")
-    exp.add_argument("--kv", default=None, choices=["io", "state"],
-                     help="coreml: how the functions hold the KV cache - io (inputs/outputs, default: what the Neural "
-                          "Engine runs) or state (MLState, iOS 18 / macOS 15: written in place, the GPU's form)")
+                          "rings of window + max-pass - 1 slots, formats with planned buffers plan them for it, "
+                          "fixed-shape formats export it as the longest pass length (default 64, or max-draft-len + 1 "
+                          "if larger)")
+    exp.add_argument("--kv", default=None, choices=[BINDING_IO, BINDING_STATE], help=cli_options.kv_help())
+    cli_options.add_format_options(exp, EXPORT)
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
     check = sub.add_parser("check", help="probe whether this host keeps a bundle batch-invariant (verify rows == "
                                          "decode steps bit for bit), which exact speculative decoding needs")
     _add_model(check)
     check.add_argument("--drafter", default=None, help="with --model: 'builtin' or a drafter folder")
     check.add_argument("--json", default=None, help="also write the result as JSON here")
-    check.add_argument("--nodes", action="store_true",
-                       help="onnx bundles: also compare every node's output between a one-token step and row 0 of a "
-                            "verify pass and list where they first differ (a diagnostic; ~2x the graph's memory)")
+    cli_options.add_format_options(check, CHECK)
     from edge_spec.peers import add_arguments as add_peer_arguments
 
     bench = sub.add_parser("bench", help="measure plain vs speculative decoding (+ peers): Markdown, JSON, plot")
@@ -151,27 +132,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Probe afresh (the cache entry is replaced); exit 0 when some row mode is exact on this host, 1 when none is."""
+    """Probe afresh (the cache entry is replaced); exit 0 when some row mode is exact on this host, 1 when none is.
+    The bundle format's check options (formats.CHECK) add its runtime's `diagnose` report."""
     import json
+    from pathlib import Path
 
     from edge_spec.api import load
-    from edge_spec.errors import ConfigError
 
     engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime, max_context=args.max_context,
-                  threads=args.threads, bundle=args.bundle, provider=args.provider, spin=not args.no_spin,
-                  host_check=False, compute_units=args.compute_units)
+                  threads=args.threads, bundle=args.bundle, spin=not args.no_spin, host_check=False,
+                  **cli_options.given_options(args, RUN))
+    fmt = formats.format_of_runtime(engine.runtime)
+    diagnostics = formats.check_options(fmt, cli_options.given_options(args, CHECK), CHECK, runtime=engine.runtime)
     what = args.bundle or args.model or DEFAULT_MODEL
-    kind = (f"{engine.manifest.format} {engine.manifest.precision}" if engine.manifest and engine.runtime != "torch"
+    kind = (f"{engine.manifest.format} {engine.manifest.precision}" if engine.manifest and fmt is not None
             else f"{engine.runtime} fp32")
     print(f"edge-spec check: {what} ({kind}, runtime {engine.runtime})")
     result = engine.check_host(fresh=True)
     print(result.report())
-    if args.nodes:
-        if engine.runtime != "ort":
-            raise ConfigError("--nodes compares onnx graphs node by node", "pass an onnx --bundle (runtime ort)")
-        from edge_spec.runtimes.ort_diff import node_diff
-
-        print(node_diff(args.bundle, threads=args.threads).text())
+    if diagnostics:
+        module = formats.runtime_for(fmt.name)
+        print(module.diagnose(Path(args.bundle), engine.manifest, threads=args.threads, **diagnostics))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"what": str(what), "format": kind, **result.to_json()}, f, indent=1)
@@ -194,25 +175,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from edge_spec.api import default_drafter, resolve_drafter
+    from edge_spec.contract.bundle import export_bundle
+    from edge_spec.contract.formats import check_binding, check_options, check_precision, exporter, get_format
     from edge_spec.loading.checkpoints import load as load_checkpoint
     from edge_spec.model.drafter import load_drafter
-    from edge_spec.contract.formats import check_binding, check_precision, exporter, get_format
-    from edge_spec.errors import ConfigError
 
-    args.quant = args.quant or get_format(args.format).precisions[0]
-    check_precision(get_format(args.format), args.quant)  # before any loading
-    module = exporter(args.format)
-    options = {"exporter": args.exporter} if args.format == "onnx" else {}
-    if args.soc is not None and args.format != "qnn":
-        raise ConfigError(f"--soc applies to --format qnn, not {args.format}", "drop --soc, or use --format qnn")
-    if args.format == "qnn" and args.soc is not None:
-        options["soc"] = args.soc
+    fmt = get_format(args.format)
+    args.quant = args.quant or fmt.precisions[0]
+    check_precision(fmt, args.quant)  # before any loading
     if args.kv is not None:
-        check_binding(get_format(args.format), args.kv)
-        if args.format != "coreml":
-            raise ConfigError(f"--kv applies to --format coreml, not {args.format} (it always uses "
-                              f"{get_format(args.format).binding})", "drop --kv")
-        options["kv_binding"] = args.kv
+        check_binding(fmt, args.kv)
+    options = check_options(fmt, cli_options.given_options(args, EXPORT), EXPORT)
+    module = exporter(args.format)
     choice = default_drafter(args.model) if args.drafter is None else args.drafter
     choice = None if choice == "none" else choice
     bar = tqdm(total=module.export_steps(choice is not None) + 1, desc="export", unit="step", file=sys.stderr,
@@ -227,11 +201,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         drafter_folder = resolve_drafter(choice, args.model) if choice else None
         drafter = load_drafter(drafter_folder) if drafter_folder else None
         target = load_checkpoint(args.model)
-        out = module.export_bundle(target, args.out, drafter=drafter,
-                                   drafter_source=str(drafter_folder.resolve()) if drafter_folder else None,
-                                   precision=args.quant, max_context=args.max_context,
-                                   max_draft_len=args.max_draft_len, max_pass=args.max_pass, progress=progress,
-                                   **options)
+        out = export_bundle(target, args.out, format=args.format, drafter=drafter,
+                            drafter_source=str(drafter_folder.resolve()) if drafter_folder else None,
+                            precision=args.quant, max_context=args.max_context, max_draft_len=args.max_draft_len,
+                            max_pass=args.max_pass, progress=progress, binding=args.kv, **options)
         bar.set_postfix_str("done")
     finally:
         bar.close()
@@ -270,8 +243,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                           "drop --model/--drafter, or drop --bundle to run a checkpoint")
     prompt = read_prompt(args.prompt)
     engine = load(args.model or DEFAULT_MODEL, drafter=args.drafter, runtime=args.runtime,
-                  max_context=args.max_context, threads=args.threads, bundle=args.bundle, provider=args.provider,
-                  spin=not args.no_spin, compute_units=args.compute_units)
+                  max_context=args.max_context, threads=args.threads, bundle=args.bundle, spin=not args.no_spin,
+                  **cli_options.given_options(args, RUN))
 
     def stream(text: str) -> None:
         sys.stdout.write(text)

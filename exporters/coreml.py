@@ -45,7 +45,6 @@ import io
 import shutil
 import warnings
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -54,11 +53,10 @@ from edge_spec.contract import bundle
 from edge_spec.contract import kv
 from edge_spec.exporters import static
 from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
-from edge_spec.loading.checkpoints import LoadedModel
-from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.contract.formats import FORMATS
-from edge_spec.logs import IMPORT_NOISE, import_coremltools, quiet
+from edge_spec.logs import IMPORT_NOISE, quiet
+from edge_spec.runtimes.coreml_tools import import_coremltools
 from edge_spec.runtimes.fixed import function_slots, pass_lengths, state_slots, write_slots_name
 from edge_spec.contract.manifest import GraphEntry
 
@@ -171,17 +169,14 @@ def export_steps(with_drafter: bool) -> int:
     return COMMON_STEPS + n_lengths + 1 + (1 if with_drafter else 0)
 
 
-def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
-                  drafter_source: str | None = None, precision: str = "fp16", max_context: int | None = None,
-                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
-                  progress: Callable[[str], None] | None = None, kv_binding: str = kv.BINDING_IO) -> Path:
-    """Export `target` (+ `drafter`) to a Core ML bundle at `out`, atomically (edge_spec.contract.bundle.export).
+def writer() -> bundle.Writer:
+    """The coreml format's `write` for edge_spec.contract.bundle.export_bundle. `max_pass` (default 64, or
+    max_draft_len + 1): the prefill chunk, the largest fixed pass length; `binding`: "io" (caches as function IO,
+    default) or "state" (MLState; see the module doc)."""
+    return _write
 
-    `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the largest fixed pass length.
-    `kv_binding`: "io" (caches as function IO, default) or "state" (MLState; see the module doc)."""
-    return bundle.export(target, out, fmt=FORMATS["coreml"], write=_write, drafter=drafter,
-                         drafter_source=drafter_source, precision=precision, max_context=max_context,
-                         max_draft_len=max_draft_len, max_pass=max_pass, progress=progress, binding=kv_binding)
+
+export_bundle = bundle.entry("coreml")  # export_bundle(target, out, *, drafter, precision, ..., binding)
 
 
 def _write(job: bundle.ExportJob) -> tuple[dict, dict]:

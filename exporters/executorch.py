@@ -33,7 +33,6 @@ import contextlib
 import functools
 import gc
 import warnings
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -42,11 +41,9 @@ from torch import nn
 
 from edge_spec.contract import bundle
 from edge_spec.contract import kv
-from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
-from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.contract.bundle import COMMON_STEPS
 from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
-from edge_spec.contract.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.contract.manifest import GraphEntry
 from edge_spec.model.attention import attend_slots
@@ -273,18 +270,14 @@ def export_steps(with_drafter: bool) -> int:
     return COMMON_STEPS + 3 + (1 if with_drafter else 0)
 
 
-def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
-                  drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
-                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
-                  progress: Callable[[str], None] | None = None, attention: str = "slots") -> Path:
-    """Export `target` (+ `drafter`) to an ExecuTorch bundle at `out`, atomically (edge_spec.contract.bundle.export).
+def writer(*, attention: str = "slots") -> bundle.Writer:
+    """The executorch format's `write` for edge_spec.contract.bundle.export_bundle. `max_pass` (default 64, or
+    max_draft_len + 1): the most tokens per forward; the program's buffers are planned for it and its rings hold
+    W + max_pass keys."""
+    return functools.partial(_write, attention=attention)
 
-    `max_pass` (default 64, or max_draft_len + 1): the most tokens per forward; the program's buffers are planned
-    for it and its rings hold W + max_pass keys."""
-    write = functools.partial(_write, attention=attention)
-    return bundle.export(target, out, fmt=FORMATS["executorch"], write=write, drafter=drafter,
-                         drafter_source=drafter_source, precision=precision, max_context=max_context,
-                         max_draft_len=max_draft_len, max_pass=max_pass, progress=progress)
+
+export_bundle = bundle.entry("executorch")  # export_bundle(target, out, *, drafter, precision, ..., attention)
 
 
 def _write(job: bundle.ExportJob, *, attention: str) -> tuple[dict, dict]:

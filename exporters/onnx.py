@@ -43,7 +43,6 @@ import functools
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnx
@@ -54,8 +53,7 @@ from torch import nn
 
 from edge_spec.contract import bundle
 from edge_spec.contract import kv
-from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
-from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.contract.bundle import COMMON_STEPS
 from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.contract.formats import FORMATS, check_precision
@@ -514,21 +512,17 @@ def export_steps(with_drafter: bool) -> int:
     return COMMON_STEPS + 2 + (2 if with_drafter else 0)
 
 
-def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
-                  drafter_source: str | None = None, precision: str = "fp32", max_context: int | None = None,
-                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None, exporter: str = "dynamo",
-                  progress: Callable[[str], None] | None = None, attention: str = "slots") -> Path:
-    """Export `target` (+ `drafter`) to an ONNX bundle at `out`, atomically (edge_spec.contract.bundle.export: checks, layout,
-    hashes, tokenizer, manifest). `progress(step)` is called before each step (the CLI feeds a tqdm bar).
+def writer(*, exporter: str = "dynamo", attention: str = "slots") -> bundle.Writer:
+    """The onnx format's `write` for edge_spec.contract.bundle.export_bundle: `exporter` is torch.onnx's (dynamo |
+    torchscript); `attention="split"` exports the non-batch-invariant form (a test-only negative control, see
+    `export_target`). `max_pass` caps the tokens per forward only for targets with sliding-window layers (rings of
+    W + max_pass - 1 slots); full-attention-only targets take any T and record no cap."""
+    if exporter not in ("dynamo", "torchscript"):
+        raise ConfigError(f"unknown torch.onnx exporter {exporter!r}", "choose dynamo or torchscript")
+    return functools.partial(_write, exporter=exporter, attention=attention)
 
-    `max_pass`: the most tokens one forward of the target graph may carry (prefill chunk, verify pass), for
-    targets with sliding-window layers, whose rings get W + max_pass - 1 slots (default: 64, or
-    max_draft_len + 1 if larger); full-attention-only targets take any T and record no cap.
-    `attention="split"` exports the non-batch-invariant form (a test-only negative control, see `export_target`)."""
-    write = functools.partial(_write, exporter=exporter, attention=attention)
-    return bundle.export(target, out, fmt=FORMATS["onnx"], write=write, drafter=drafter, drafter_source=drafter_source,
-                         precision=precision, max_context=max_context, max_draft_len=max_draft_len, max_pass=max_pass,
-                         progress=progress)
+
+export_bundle = bundle.entry("onnx")  # export_bundle(target, out, *, drafter, precision, ..., exporter, attention)
 
 
 def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dict, dict]:

@@ -44,7 +44,6 @@ import json
 import logging
 import warnings
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnx
@@ -57,12 +56,10 @@ from edge_spec.runtimes import qnn_htp
 from edge_spec.contract.backend import Session
 from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
 from edge_spec.loading.checkpoints import LoadedModel
-from edge_spec.model.drafter import Drafter
 from edge_spec.model.forms import PLACED
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.exporters import static
 from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter, keep_name, pass_lengths, slot_index_name
-from edge_spec.contract.formats import FORMATS
 from edge_spec.decoding.generate import generate_plain
 from edge_spec.logs import quiet
 from edge_spec.contract.manifest import GraphEntry
@@ -406,24 +403,22 @@ def export_steps(with_drafter: bool) -> int:
     return COMMON_STEPS + n + 1 + 2 * n + 1 + 1
 
 
-def export_bundle(target: LoadedModel, out: str | Path, *, drafter: Drafter | None = None,
-                  drafter_source: str | None = None, precision: str = "16a8w", max_context: int | None = None,
-                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None, soc: str = qnn_htp.DEFAULT_SOC,
-                  host_sink: bool = True, progress: Callable[[str], None] | None = None) -> Path:
-    """Export `target` (+ `drafter`) to a QNN bundle for `soc` at `out`, atomically (edge_spec.contract.bundle.export).
-
-    `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the longest fixed pass length.
-    `host_sink` (default): position 0 runs on the host CPU through `qnn/target_sink.onnx` (`float_twin`), and the
-    quantized graphs are calibrated on the passes after it; False quantizes position 0 with the rest (measurements)."""
+def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True) -> bundle.Writer:
+    """The qnn format's `write` for `soc` (edge_spec.contract.bundle.export_bundle); fails before any work when the
+    SoC is unknown or the QNN EP missing. `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the
+    longest fixed pass length. `host_sink` (default): position 0 runs on the host CPU through
+    `qnn/target_sink.onnx` (`float_twin`), and the quantized graphs are calibrated on the passes after it; False
+    quantizes position 0 with the rest (measurements)."""
     chip = qnn_htp.get_soc(soc)
-    qnn_htp.import_qnn()  # fail before any work when the EP is missing
+    qnn_htp.import_qnn()
 
     def write(job: bundle.ExportJob):
         return _write(job, chip, host_sink)
 
-    return bundle.export(target, out, fmt=FORMATS["qnn"], write=write, drafter=drafter, drafter_source=drafter_source,
-                         precision=precision, max_context=max_context, max_draft_len=max_draft_len, max_pass=max_pass,
-                         progress=progress)
+    return write
+
+
+export_bundle = bundle.entry("qnn")  # export_bundle(target, out, *, drafter, precision, ..., soc, host_sink)
 
 
 def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool) -> tuple[dict, dict]:

@@ -25,7 +25,7 @@ from edge_spec.contract import kv
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
 from edge_spec.contract.kv import KVLayout
-from edge_spec.logs import import_coremltools
+from edge_spec.runtimes.coreml_tools import import_coremltools
 
 EXECUTOR_ENV = "EDGE_SPEC_COREML_EXECUTOR"  # "mil": run the package through the MIL reference executor
 COMPUTE_UNITS = {"all": "ALL", "cpu_and_ne": "CPU_AND_NE", "cpu_and_gpu": "CPU_AND_GPU", "cpu": "CPU_ONLY"}
@@ -67,12 +67,9 @@ def _executor_predictors(package: Path, names: list[str], state: bool) -> dict[s
     return {n: (lambda feeds, fn=functions[n]: fn(feeds, state=shared)) for n in names}
 
 
-def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str | None = None,
-                spin: bool = True, compute_units: str | None = None) -> tuple[FixedBackend, FixedDrafter | None]:
-    """The runtime half of the coreml format (edge_spec.contract.formats). `threads`, `provider`, `spin`: not Core ML's."""
-    if provider not in (None, "cpu"):
-        raise ConfigError(f"the coreml runtime picks its devices with --compute-units, not provider {provider!r}",
-                          "drop --provider; use --compute-units all|cpu_and_ne|cpu_and_gpu|cpu")
+def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, spin: bool = True,
+                compute_units: str | None = None) -> tuple[FixedBackend, FixedDrafter | None]:
+    """The runtime half of the coreml format (edge_spec.contract.formats). `threads`, `spin`: not Core ML's."""
     units = compute_units or DEFAULT_COMPUTE_UNITS
     if units not in COMPUTE_UNITS:
         raise ConfigError(f"unknown compute units {units!r}", f"choose one of {', '.join(COMPUTE_UNITS)}")

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_spec.errors import BundleError
-from edge_spec.logs import import_coremltools
+from edge_spec.runtimes.coreml_tools import import_coremltools
 
 _NP_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int32": np.int32, "int64": np.int64, "bool": np.bool_,
               "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16}

@@ -75,12 +75,9 @@ def set_threads(threads: int | None) -> int:
     return portable_lib._threadpool_get_thread_count()
 
 
-def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str | None = None,
+def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None,
                 spin: bool = True) -> tuple["ExecutorchBackend", "ExecutorchDrafter | None"]:
     """The runtime half of the executorch format (edge_spec.contract.formats). `spin` has no meaning here (XNNPACK's pool)."""
-    if provider not in (None, "cpu"):
-        raise ConfigError(f"the executorch runtime runs XNNPACK on the CPU, not provider {provider!r}",
-                          "drop --provider, or export an onnx bundle for onnxruntime's providers")
     entry = manifest.graphs["target"]
     path = folder / entry.file
     program = load_program(path)

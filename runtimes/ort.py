@@ -131,6 +131,14 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     return backend, runner
 
 
+def diagnose(folder: Path, manifest, *, threads: int | None = None, nodes: bool = False) -> str:
+    """`edge-spec check`'s onnx options: `nodes`, the node-by-node comparison of a one-token step and row 0 of a
+    verify pass (edge_spec.runtimes.ort_diff)."""
+    from edge_spec.runtimes.ort_diff import node_diff
+
+    return node_diff(folder, threads=threads).text() if nodes else ""
+
+
 class _Buffers:
     """Per-T input/output buffers, reallocated only when a forward needs a larger T."""
 

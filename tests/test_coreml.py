@@ -194,7 +194,7 @@ def _state_bundle(pair, name, max_context):
     _, target, drafter = pair
     start = time.perf_counter()
     folder = export_bundle(target, pair[0].parent / name, drafter=drafter, precision="fp32", max_context=max_context,
-                           max_draft_len=4, max_pass=9, kv_binding="state")
+                           max_draft_len=4, max_pass=9, binding="state")
     print(f"\n{name}: fp32 --kv state export {time.perf_counter() - start:.0f} s, package {_package_mb(folder):.1f} MB")
     return folder, target, drafter
 

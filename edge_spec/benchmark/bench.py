@@ -292,6 +292,8 @@ def machine() -> str:
 
 def main(args) -> int:
     from edge_spec.api import load
+    from edge_spec.cli_options import given_options
+    from edge_spec.contract.formats import RUN
     from edge_spec.peers import from_args as peers_from_args
     from edge_spec.train.evaluate import read_prompts
 
@@ -303,8 +305,8 @@ def main(args) -> int:
     if args.bundle is not None and args.drafter is not None:
         raise ConfigError("--bundle cannot be combined with --drafter (a bundle brings its own)", "drop --drafter")
     engine = load(args.model or "smollm2-135m", drafter=args.drafter if args.bundle is None else None,
-                  runtime=args.runtime, threads=args.threads, bundle=args.bundle, provider=args.provider,
-                  spin=not args.no_spin, compute_units=args.compute_units)
+                  runtime=args.runtime, threads=args.threads, bundle=args.bundle, spin=not args.no_spin,
+                  **given_options(args, RUN))
     runners = peers_from_args(args, engine)
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners, lookup=args.lookup)

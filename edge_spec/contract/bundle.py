@@ -1,10 +1,12 @@
 """What every exporter shares: argument checks, the KV layout, the drafter pairing, content hashes, the tokenizer
 copy, the manifest and the atomic write (`manifest.write_bundle`). A format only supplies `write(job)`, which puts
-its artifacts into `job.tmp` and returns their manifest entries (graphs and shared tables).
+its artifacts into `job.tmp` and returns their manifest entries (graphs and shared tables): its exporter module's
+`writer(**options)` returns it. `export_bundle` is the one export entry, for every format.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -15,7 +17,7 @@ from edge_spec.loading.checkpoints import LoadedModel
 from edge_spec.model.config import kv_layout
 from edge_spec.model.drafter import Drafter, check_pair
 from edge_spec.errors import ConfigError
-from edge_spec.contract.formats import Format, check_binding, check_precision
+from edge_spec.contract.formats import Format, check_binding, check_precision, exporter, get_format
 from edge_spec.contract.manifest import TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest, ModelEntry, TableEntry, content_id, write_bundle
 
 DEFAULT_MAX_DRAFT_LEN = 8
@@ -37,6 +39,25 @@ class ExportJob:
 
 
 Writer = Callable[[ExportJob], tuple[dict[str, GraphEntry], dict[str, TableEntry]]]
+
+
+def export_bundle(target: LoadedModel, out: str | Path, *, format: str, drafter: Drafter | None = None,
+                  drafter_source: str | None = None, precision: str | None = None, max_context: int | None = None,
+                  max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
+                  progress: Callable[[str], None] | None = None, binding: str | None = None, **options) -> Path:
+    """Export `target` (+ `drafter`) to a bundle of `format` at `out`, atomically (see `export`). `options`: the
+    format's own, given to its exporter's `writer(**options)` (e.g. its registry row's export options), which
+    checks them before any work. Each exporter module binds its format: `export_bundle = bundle.entry(NAME)`."""
+    fmt = get_format(format)
+    write = exporter(format).writer(**options)
+    return export(target, out, fmt=fmt, write=write, drafter=drafter, drafter_source=drafter_source,
+                  precision=precision, max_context=max_context, max_draft_len=max_draft_len, max_pass=max_pass,
+                  progress=progress, binding=binding)
+
+
+def entry(format: str) -> Callable[..., Path]:
+    """`export_bundle` with `format` bound: what an exporter module exports as its own `export_bundle`."""
+    return functools.partial(export_bundle, format=format)
 
 
 def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, drafter: Drafter | None = None,

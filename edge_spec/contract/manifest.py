@@ -1,6 +1,6 @@
 """The bundle manifest (`bundle/manifest.json`): the only thing runtimes and demo apps read.
 
-A bundle is a folder: manifest.json + tokenizer files + one folder per format (onnx/*.onnx, ...).
+A bundle is a folder: manifest.json + tokenizer files + the format's artifacts (in a folder named after it).
 The manifest names every artifact with its sha256, every graph with its ordered IO (name, dtype,
 shape with symbolic dims), the KV layout and binding, the drafter's `kv_sharing` (kind -> target
 layer), vocabulary and special tokens, chat template, max context, max draft length and precision.
@@ -62,8 +62,8 @@ class GraphEntry:
     file: str  # relative to the bundle root
     precision: str
     io: GraphIO
-    method: str | None = None  # the entry point inside `file` (an ExecuTorch method, a Core ML function); None: the file
-    # fixed-shape artifacts (Core ML, QNN): {"lengths": {"T": entry point}, "slots": {kind: cache slots taken}};
+    method: str | None = None  # the entry point inside `file` (a program's method, a package's function); None: the file
+    # fixed-shape artifacts (formats.Format.fixed_shapes): {"lengths": {"T": entry point}, "slots": {kind: cache slots taken}};
     # the io above stays the contract's (symbolic); None: the graph takes the symbolic shapes as they are
     fixed: dict | None = None
 
@@ -113,8 +113,8 @@ class DrafterEntry(ModelEntry):
 
 @dataclass(frozen=True)
 class Manifest:
-    format: str  # "onnx"
-    precision: str  # fp32 | fp16 | int8 | int4
+    format: str  # a registered format's name (edge_spec.contract.formats)
+    precision: str  # one of the format's precisions
     target: ModelEntry
     drafter: DrafterEntry | None
     layout: KVLayout
