@@ -7,7 +7,7 @@ qd8-f32-qb4w, through torchao's IntxUnpackedToInt8Tensor): w = lo + scale * q pe
 SmolLM2's built-in GGUF is Q4_1 (lo + d * q, codes 0 and 15 in every block), so its weights come back bit-exact;
 torchao's own symmetric int4 moves them onto another grid (top-1 agreement with fp32 over the bench prompts 0.83
 instead of 0.96 here, docs/architecture.md "ExecuTorch path"). The ONNX int4 path does the same split
-(exporters/onnx.quantize_blocks).
+(exporters/onnx_passes.quantize_blocks).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from edge_spec.benchmark.bench import machine
-from edge_spec.exporters.onnx import quantize_blocks
+from edge_spec.exporters.onnx_passes import quantize_blocks
 
 K, N = 576, 1536
 MS = (1, 2, 3, 5, 9)

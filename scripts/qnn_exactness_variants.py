@@ -23,9 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ helpers (tiny checkpoints, feeds)
 
-from edge_spec import checkpoints, model, qnn_htp  # noqa: E402
+from edge_spec.loading import checkpoints  # noqa: E402
+from edge_spec.model import attention  # noqa: E402
+from edge_spec.runtimes import qnn_htp  # noqa: E402
 from edge_spec.api import load_bundle  # noqa: E402
-from edge_spec.exporters import qnn  # noqa: E402
+from edge_spec.exporters import qnn, qnn_calibration  # noqa: E402
 from edge_spec.runtimes.qnn import open_session  # noqa: E402
 from tests.test_onnx import tiny_drafter  # noqa: E402
 from tests.test_qnn import SOC, masked_slot_feeds, with_random_slots  # noqa: E402
@@ -45,22 +47,22 @@ def transposed(probs, values, keep, g):  # (V^T . P^T)^T, masked values not zero
     return heads(torch.matmul(values.transpose(-1, -2), probs.transpose(-1, -2)).transpose(-1, -2), g)
 
 
-VARIANTS = {"now": (model.masked_values, True), "no-value-zeroing": (probabilities_only, True),
-            "no-encoding-fix": (model.masked_values, False), "neither": (probabilities_only, False),
+VARIANTS = {"now": (attention.masked_values, True), "no-value-zeroing": (probabilities_only, True),
+            "no-encoding-fix": (attention.masked_values, False), "neither": (probabilities_only, False),
             "transposed": (transposed, True)}
 
 
 def run(name: str, work: Path) -> None:
     pv, upstream = VARIANTS[name]
-    keep_pv, keep_groups = model.masked_values, qnn.cache_groups
-    model.masked_values, qnn.cache_groups = pv, functools.partial(keep_groups, upstream=upstream)
+    keep_pv, keep_groups = attention.masked_values, qnn_calibration.cache_groups
+    attention.masked_values, qnn_calibration.cache_groups = pv, functools.partial(keep_groups, upstream=upstream)
     try:
         save_reference(llama_config(), work / "ref")
         target = checkpoints.load(str(work / "ref"))
         folder = qnn.export_bundle(target, work / "bundle", drafter=tiny_drafter(target.config, head_from="target"),
                                    max_context=64, max_draft_len=4, max_pass=9)
     finally:
-        model.masked_values, qnn.cache_groups = keep_pv, keep_groups
+        attention.masked_values, qnn_calibration.cache_groups = keep_pv, keep_groups
     session = open_session(folder / qnn_htp.ctx_file("target_5"), "qnn", SOC)
     feeds = masked_slot_feeds(session)
     base = session.run(["logits"], feeds)[0][0]

@@ -19,6 +19,7 @@ from edge_spec.cli import main
 from edge_spec.model.drafter import check_pair, new_drafter, save_drafter
 from edge_spec.errors import BundleError, ConfigError, KVStateError
 from edge_spec.exporters import onnx as onnx_exporter
+from edge_spec.exporters import onnx_passes
 from edge_spec.exporters.onnx import export_bundle
 from edge_spec.decoding.generate import generate_plain
 from edge_spec.contract.manifest import MANIFEST, Manifest, read_manifest
@@ -149,17 +150,17 @@ def dequantize(packed, scales, offsets, bits, k):
 
 def test_quantize_blocks_asymmetric_is_exact_on_q4_1_weights_and_symmetric_within_half_a_step():
     rng = np.random.default_rng(0)
-    k, n, block = 64, 6, onnx_exporter.QUANT_BLOCK
+    k, n, block = 64, 6, onnx_passes.QUANT_BLOCK
     # GGUF Q4_1-like weights: per block of 32 along K, min + d * j with j in 0..15 (both ends present)
     lo, d = rng.normal(size=(k // block, n)), rng.uniform(0.01, 0.1, (k // block, n))
     j = rng.integers(0, 16, (k, n))
     j[0::block], j[1::block] = 0, 15
     w = (np.repeat(lo, block, 0) + np.repeat(d, block, 0) * j).astype(np.float32)
     for bits in (4, 8):
-        packed, scales, offsets = onnx_exporter.quantize_blocks(w, bits)
+        packed, scales, offsets = onnx_passes.quantize_blocks(w, bits)
         np.testing.assert_allclose(dequantize(packed, scales, offsets, bits, k), w, rtol=0, atol=1e-6)
     w = rng.normal(size=(k, n)).astype(np.float32)
-    packed, scales, offsets = onnx_exporter.quantize_blocks(w, 8, symmetric=True)
+    packed, scales, offsets = onnx_passes.quantize_blocks(w, 8, symmetric=True)
     assert offsets is None
     step = np.repeat(scales.reshape(n, -1).T, block, 0)  # [K, N]
     err = np.abs(dequantize(packed, scales, None, 8, k) - w)
@@ -173,12 +174,12 @@ def check_fp16_graphs(folder, manifest):
         proto = onnx.load(folder / entry.file, load_external_data=False)
         floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
         weights = [t for t in proto.graph.initializer if len(t.dims) == 2 and min(t.dims) > 1
-                   and t.data_type in floats and t.name not in onnx_exporter.TABLE_FILES]
+                   and t.data_type in floats and t.name not in onnx_passes.TABLE_FILES]
         assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)
-        tables = [t for t in proto.graph.initializer if t.name in onnx_exporter.TABLE_FILES]
+        tables = [t for t in proto.graph.initializer if t.name in onnx_passes.TABLE_FILES]
         assert all(t.data_type == onnx.TensorProto.FLOAT and t.data_location == onnx.TensorProto.EXTERNAL
                    for t in tables)
-        assert not any(n.op_type == "Cast" and n.input[0] in onnx_exporter.TABLE_FILES for n in proto.graph.node)
+        assert not any(n.op_type == "Cast" and n.input[0] in onnx_passes.TABLE_FILES for n in proto.graph.node)
         io = list(proto.graph.input) + list(proto.graph.output)
         assert all(v.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16 for v in io)
 

@@ -242,7 +242,7 @@ def test_the_htp_keeps_verify_rows_bit_identical_and_the_host_check_says_so(pair
     probe: passes of 2, 3, 5 and 9 rows, ring wraps on Gemma-4), so speculative decoding stays on there. Two causes
     of the difference measured before (docs/android-qnn.md): masked values reaching rows through the HTP's P.V
     matmul (`model.masked_values` zeroes them per row) and the new rows leaving a pass in another encoding than the
-    cache reads them back in (`qnn.cache_groups`; the test below)."""
+    cache reads them back in (`qnn_calibration.cache_groups`; the test below)."""
     check = load_bundle(pair[0], host_check=False).check_host(cache=False)  # probed afresh, not a cached verdict
     assert check.exact, check.report()
 

@@ -1,0 +1,178 @@
+"""The QNN exporter's calibration: activation ranges for the QDQ graphs, recorded by running the fp32 graphs through
+the padded fixed-shape runtime on the bench prompts, merged across pass lengths (one range per tensor whatever T is)
+and across each layer's cache tensors (`cache_groups`), the target's outputs widened (`with_headroom`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edge_spec.contract import bundle
+from edge_spec.runtimes import qnn_htp
+from edge_spec.contract.backend import Session
+from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.decoding.sampling import SamplingParams
+
+DRAFTER_GRAPH, target_graph = qnn_htp.DRAFTER_GRAPH, qnn_htp.target_graph
+
+CALIBRATION_PROMPTS = 2  # shipped bench prompts used for calibration
+CALIBRATION_TOKENS = 48  # per prompt: its first tokens + the target's greedy continuation to this many more
+MAX_SAMPLES = 12  # calibration feeds kept per graph
+# the target's outputs get their calibrated range widened by this factor (about its middle): a logit above the
+# calibrated maximum clips, and clipped top logits tie, so the argmax can change (a 16-bit range twice as wide gives
+# up one bit of resolution the logits do not need; measured on the tiny llama: top logit 1.14, calibrated max 0.84)
+OUTPUT_HEADROOM = 2.0
+
+
+# ---- ------------------------------------------------------------------------------------
+class _Recorder:
+    """A predictor over an fp32 CPU session that keeps (a sample of) the feeds it was given."""
+
+    def __init__(self, session):
+        self.session, self.feeds = session, []
+        self.outputs = [o.name for o in session.get_outputs()]
+
+    def __call__(self, feeds: dict) -> dict:
+        if len(self.feeds) < MAX_SAMPLES * 4:
+            self.feeds.append({k: np.array(v) for k, v in feeds.items()})
+        return dict(zip(self.outputs, self.session.run(None, feeds)))
+
+    def sample(self) -> list[dict]:
+        step = max(1, len(self.feeds) // MAX_SAMPLES)
+        return self.feeds[::step][:MAX_SAMPLES]
+
+
+def calibration_tokens(target: LoadedModel, run: Session, n_prompts: int = CALIBRATION_PROMPTS) -> list[list[int]]:
+    """Our prompt data: each shipped bench prompt's first tokens + the target's own greedy continuation."""
+    from importlib import resources
+
+    lines = resources.files("edge_spec.assets.prompts").joinpath("bench.jsonl").read_text().splitlines()
+    out, budget = [], min(CALIBRATION_TOKENS, run.max_context)
+    for line in lines[:n_prompts]:
+        item = json.loads(line)
+        ids = target.tokenizer.encode_prompt(item["prompt"], chat=bool(item.get("chat")))[:budget // 2]
+        rng = np.random.default_rng(len(out))  # tokenizers that map the text to few ids (tests): a few random ones
+        if len(set(ids)) < 4:
+            ids = (ids + rng.integers(4, target.config.vocab_size, 8).tolist())[:budget // 2]
+        more = generate_plain(run, ids, max_new_tokens=budget - len(ids), params=SamplingParams(),
+                              rng=rng, stop_ids=frozenset()).tokens
+        out.append(ids + list(more))
+    return out
+
+
+def calibrate(job: bundle.ExportJob, fp32: dict[str, Path], lengths: tuple[int, ...], slots: dict[str, int],
+              host_sink: bool = True):
+    """graph -> calibration feeds, gathered by running the fp32 graphs on the CPU through the bundle's own runtime.
+    `host_sink`: position 0 runs as the runtime will run it, outside the quantized graphs (not recorded)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    rec = {g: _Recorder(ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])) for g, p in fp32.items()}
+    first = rec[target_graph(1)]
+    sink = None if not host_sink else lambda feeds: dict(zip(first.outputs, first.session.run(None, feeds)))
+    backend = FixedBackend({t: rec[target_graph(t)] for t in lengths}, job.layout, slots, "qnn-calibration",
+                           name="qnn", mask_floor=qnn_htp.MASK_FLOOR, placed=True, sink=sink)
+    session = Session(backend)
+    drafter = FixedDrafter(rec[DRAFTER_GRAPH], backend, job.sources) if job.drafter is not None else None
+    sequences = calibration_tokens(job.target, session)
+    for t in lengths:  # chunked passes of exactly t tokens (the last may be shorter: a padded pass)
+        for tokens in sequences:
+            session.reset()
+            for start in range(0, len(tokens), t):
+                chunk = tokens[start:start + t]
+                out = session.forward(chunk)
+                session.commit(len(chunk))
+                if drafter is not None and session.length < session.max_context:
+                    drafter.begin(session.length, session.state.drafter_masks(), session.length)
+                    step = drafter.step(tokens[min(start + t, len(tokens)) - 1], out.hidden[-1])
+                    drafter.step(int(step.token_ids[np.argmax(step.logits)]), step.hidden)
+    return {g: r.sample() for g, r in rec.items()}
+
+
+def merged_ranges(pre: dict[str, Path], feeds: dict[str, list[dict]], work: Path, shared: list[str]) -> dict:
+    """tensor name -> (min, max) over every graph in `shared` (MinMax calibration), for tensors they all have.
+
+    Each cached layer's K (and V) cache input, its new rows output and the concatenation of the two get one range:
+    a key a verify pass computes (new rows) and the same key read back from the cache in a later decode step (cache
+    input) then quantize to the same integers, so verify rows and decode steps see the same attention inputs."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, items):
+            self.items = iter(items)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    ranges: dict[str, tuple[float, float]] = {}
+    seen: dict[str, int] = {}
+    for g in shared:
+        cal = create_calibrator(str(pre[g]), augmented_model_path=str(work / f"{g}.augmented.onnx"),
+                                calibrate_method=CalibrationMethod.MinMax)
+        cal.collect_data(Reader(feeds[g]))
+        for name, data in cal.compute_data().data.items():
+            lo, hi = float(np.min(data.range_value[0])), float(np.max(data.range_value[1]))
+            old = ranges.get(name, (lo, hi))
+            ranges[name] = (min(old[0], lo), max(old[1], hi))
+            seen[name] = seen.get(name, 0) + 1
+        del cal
+    ranges = {name: r for name, r in ranges.items() if seen[name] == len(shared)}
+    for group in cache_groups(onnx.load(str(pre[shared[0]]), load_external_data=False)):
+        group = [n for n in group if n in ranges]
+        if group:
+            union = (min(ranges[n][0] for n in group), max(ranges[n][1] for n in group))
+            ranges.update({n: union for n in group})
+    return ranges
+
+
+def with_headroom(ranges: dict[str, tuple[float, float]], names: tuple[str, ...], factor: float = OUTPUT_HEADROOM
+                  ) -> dict[str, tuple[float, float]]:
+    """`ranges` with each of `names` (where present) widened `factor` times about its middle."""
+    out = dict(ranges)
+    for name in names:
+        if name in out:
+            lo, hi = out[name]
+            mid, half = (lo + hi) / 2, (hi - lo) / 2 * factor
+            out[name] = (mid - half, mid + half)
+    return out
+
+
+def cache_groups(proto: onnx.ModelProto, upstream: bool = True) -> list[list[str]]:
+    """Per cache input (k_cache.l / v_cache.l): the input, its new rows output, the tensors the new rows are reshaped
+    from (back to the op that computes them), and every tensor data movement makes of them (Gather of the new rows
+    into slots, the Where that places them, a Concat) - one range for all.
+    Why the tensors upstream: QNN's config gives a Reshape / Transpose output its input's encoding, so without them
+    the new rows output kept the projection's own encoding (tiny llama: v_new.2 1.5193e-5 / 29730 vs v_cache.2
+    1.5263e-5 / 29892), the HTP requantized the new rows into the cache's encoding inside a pass (~16 steps off the
+    host's requantization of the same output a decode step reads back), and verify rows differed from decode steps.
+    `upstream=False` leaves those tensors out (the earlier groups: scripts/qnn_exactness_variants.py measures both)."""
+    outputs = {o.name for o in proto.graph.output}
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    movers = [n for n in proto.graph.node if n.op_type in ("Gather", "Where", "Concat", "Transpose", "Reshape")]
+    groups = []
+    for value in proto.graph.input:
+        if not value.name.startswith(("k_cache.", "v_cache.")):
+            continue
+        layer = value.name.split(".", 1)[1]
+        new = ("k_new." if value.name.startswith("k_") else "v_new.") + layer
+        group = {value.name} | ({new} if new in outputs else set())
+        tensor = new  # back from the new rows to the op that computes them: the projection / RoPE output
+        while upstream and (node := producers.get(tensor)) is not None and node.op_type in ("Transpose", "Reshape"):
+            tensor = node.input[0]
+            group.add(tensor)
+        while True:  # data movement closes over the group (Where: its value inputs, not the condition)
+            more = {n.output[0] for n in movers if (n.input[1:] if n.op_type == "Where" else n.input[:1]) and
+                    any(i in group for i in (n.input[1:] if n.op_type == "Where" else n.input[:1]))}
+            if more <= group:
+                break
+            group |= more
+        groups.append(sorted(group))
+    return groups
