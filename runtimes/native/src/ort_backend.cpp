@@ -466,6 +466,10 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_sessio
 std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_ort(const std::string& folder,
                                                                               const Manifest& m, int threads) {
   if (threads < 0) throw config_error("threads must be >= 0, got " + std::to_string(threads), "use --threads 2");
+  if (!OrtGetApiBase()->GetApi(ORT_API_VERSION))  // a library older than the headers the runner was built with
+    throw backend_error("onnxruntime " + std::string(OrtGetApiBase()->GetVersionString()) + " does not serve API " +
+                            "version " + std::to_string(ORT_API_VERSION) + " (this runner's headers)",
+                        "install onnxruntime >= 1." + std::to_string(ORT_API_VERSION) + " and rebuild: make native");
   if (m.binding != BINDING_IO)
     throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the onnx backend runs the `io` binding, this bundle's is '" +
                            m.binding + "'",
