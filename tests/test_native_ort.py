@@ -5,7 +5,8 @@ native` runs); the onnx backend is in it when CMake found onnxruntime's library 
 skips saying why. Tiny random ONNX bundles (tests/tiny.py, the drafters of tests/test_onnx.py) are exported once per
 module, fp32 and int8, as `edge-spec export --format onnx` writes them (the dynamo exporter). Every comparison is
 token for token with the Python runtime on the same bundle: greedy plain and speculative (the drafter graph over the
-runner's caches), rejected drafts, seeded rejection sampling (the drafter's logits decide), the host check's verdict.
+runner's caches), rejected drafts, seeded rejection sampling (the drafter's logits decide), the host check's verdict,
+the C API; damaged graphs and formats without a backend are refused naming the file and the fix.
 """
 
 import json
@@ -173,6 +174,20 @@ def test_threads_option_sets_the_intra_op_pool(ort_native, llama_onnx):
                           ",".join(map(str, ids)), "--threads", "1", "--json", "--no-spec", "--max-new-tokens", "20",
                           "--ignore-eos"], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(one.stdout)["tokens"] == python_plain(folder, ids, n=20)[0]
+
+
+# ---- the C API -------------------------------------------------------------------------------------------
+def test_c_api_program_generates_the_python_tokens(ort_native, gemma_onnx):
+    """runtimes/native/tests/c_api_test.c on an onnx bundle (libedge_spec.so picks the backend from the manifest):
+    codes + messages, plain and speculative greedy via callbacks, cancel; its tokens == the Python runtime's."""
+    ids = prompt_ids(9, seed=3)
+    done = subprocess.run([str(ort_native / "c_api_test"), str(gemma_onnx["int8"]), ",".join(map(str, ids)), "24", "onnx"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    plain = load_bundle(gemma_onnx["int8"], runtime="ort", threads=2).generate(ids, max_new_tokens=24, speculative=False)
+    assert out["plain"] == out["spec"] == plain.tokens
+    assert out["failures"] == 0 and out["checks"] >= 12 and out["cancelled_after"] == 3
 
 
 # ---- refusals ----------------------------------------------------------------------------------------------

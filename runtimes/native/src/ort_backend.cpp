@@ -1,6 +1,10 @@
 // ort_backend.cpp - see ort_backend.h. Read top to bottom: the shared tables (mmap), the caches (a port of
 // runtimes/io_caches.py IoCaches), sessions + the graph IO check (runtimes/ort.py make_session / check_graph_io),
 // the target backend, the drafter, open_ort. Every onnxruntime exception is turned into an es::Error here.
+//
+// Compiled only with ES_HAVE_ORT (CMakeLists.txt defines it when it found onnxruntime): builds that glob src/*.cpp
+// without onnxruntime (android_demo's CMake) get an empty file, and engine.cpp refuses onnx bundles.
+#ifdef ES_HAVE_ORT
 #include "ort_backend.h"
 
 #include <fcntl.h>
@@ -483,3 +487,5 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_ort(co
 }
 
 }  // namespace es
+
+#endif  // ES_HAVE_ORT
