@@ -28,7 +28,7 @@ PYEOF
 fi
 cmake -S runtimes/native -B build/native-aarch64 -DCMAKE_BUILD_TYPE=Release -DCMAKE_SYSTEM_NAME=Linux \
     -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
-    -DEXECUTORCH_ROOT="$OUT/et/executorch" >/dev/null
+    -DEXECUTORCH_ROOT="$OUT/et/executorch" -DES_WITH_ORT=OFF >/dev/null  # the onnx backend: x86-64 only for now
 cmake --build build/native-aarch64 -j2 >/dev/null
 echo "built: $(file -b build/native-aarch64/edge-spec-run | cut -d, -f1-2)"
 [ $# -ge 2 ] || exit 0

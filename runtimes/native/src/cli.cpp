@@ -29,7 +29,7 @@ const char* const USAGE =
     "  --no-spec               plain decoding even when the bundle has a drafter\n"
     "  --no-lookup             no prompt-lookup (retrieval) drafting\n"
     "  --ignore-eos            generate max-new-tokens even past an end-of-sequence token\n"
-    "  --threads N             XNNPACK threads (default: the runtime's)\n"
+    "  --threads N             intra-op threads: XNNPACK's (executorch), onnxruntime's (onnx); default: the runtime's\n"
     "  --no-host-check         skip the exactness probe at open\n"
     "  --no-checksums          skip the sha256 of the bundle's files\n"
     "  --check                 print the host check's verdict (JSON) and exit\n"

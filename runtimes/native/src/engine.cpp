@@ -6,6 +6,9 @@
 #include "errors.h"
 #include "executorch_backend.h"
 #include "json.h"
+#ifdef ES_HAVE_ORT
+#include "ort_backend.h"
+#endif
 
 namespace es {
 
@@ -43,18 +46,37 @@ class OracleDrafter : public DrafterBackend {
   int64_t position_ = 0, offset_ = 0;
 };
 
+// The manifest's format picks the backend; a format this build has no runtime for is refused naming the fix.
+std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backend(const std::string& folder,
+                                                                                  const Manifest& m, int threads) {
+  if (m.format == "executorch") return open_executorch(folder, m, threads);
+#ifdef ES_HAVE_ORT
+  if (m.format == "onnx") return open_ort(folder, m, threads);
+  const char* runs = "executorch and onnx bundles";
+  const std::string formats = "executorch|onnx";
+#else
+  const char* runs = "executorch bundles; it was built without onnxruntime";
+  const std::string formats = "executorch";
+#endif
+  std::string fix = "export the bundle with --format " + formats + ", or run it with the Python runtime: edge-spec "
+                    "generate --bundle " + folder;
+#ifndef ES_HAVE_ORT
+  if (m.format == "onnx")
+    fix = "rebuild the runner with onnxruntime (make native with npm installed: apt-get install npm; the CMake "
+          "warning says what was missing), or run it with the Python runtime: edge-spec generate --bundle " + folder;
+#endif
+  throw bundle_error(join_path(folder, MANIFEST_FILE) + ": this native runner has no runtime for '" + m.format +
+                         "' bundles (it runs " + runs + ")",
+                     fix);
+}
+
 }  // namespace
 
 std::unique_ptr<Engine> Engine::open(const std::string& folder, const OpenOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->folder_ = folder;
   e->manifest_ = read_manifest(folder, options.verify_checksums);
-  if (e->manifest_.format != "executorch")
-    throw bundle_error(join_path(folder, MANIFEST_FILE) + ": this native runner was built without a runtime for '" +
-                           e->manifest_.format + "' bundles (it runs executorch bundles)",
-                       "export the bundle with --format executorch, or run it with the Python runtime: edge-spec "
-                       "generate --bundle " + folder);
-  auto pair = open_executorch(folder, e->manifest_, options.threads);
+  auto pair = open_backend(folder, e->manifest_, options.threads);
   e->backend_ = std::move(pair.first);
   e->drafter_ = std::move(pair.second);
   e->session_.reset(new Session(*e->backend_));

@@ -1,7 +1,8 @@
 /* c_api_test.c - the C API as an app uses it: open a bundle, generate with a per-token callback (plain and
  * speculative), stop from the callback, read stats and errors. Plain C99 against edge_spec.h only.
  *
- *   c_api_test BUNDLE_DIR IDS [MAX_NEW_TOKENS]     (IDS: comma-separated prompt token ids)
+ *   c_api_test BUNDLE_DIR IDS [MAX_NEW_TOKENS [FORMAT]]   (IDS: comma-separated prompt token ids; FORMAT: the
+ *                                                         bundle's, default executorch)
  *
  * Prints one JSON line {"plain": [...], "spec": [...], "spec_tau": ..., "cancelled_after": N, "checks": N} and exits
  * 0 when every check passed; each failed check prints "FAIL: ..." to stderr and the exit status is 1.
@@ -86,11 +87,13 @@ int main(int argc, char** argv) {
   char* cursor;
   collected plain, spec, cut;
   int max_new = argc > 3 ? atoi(argv[3]) : 24;
+  char format_field[64];
 
   if (argc < 3) {
-    fprintf(stderr, "usage: c_api_test BUNDLE_DIR IDS [MAX_NEW_TOKENS]\n");
+    fprintf(stderr, "usage: c_api_test BUNDLE_DIR IDS [MAX_NEW_TOKENS [FORMAT]]\n");
     return 2;
   }
+  snprintf(format_field, sizeof format_field, "\"format\":\"%s\"", argc > 4 ? argv[4] : "executorch");
   for (cursor = argv[2]; *cursor && n_prompt < 1024;) {
     prompt[n_prompt++] = (int32_t)strtol(cursor, &cursor, 10);
     if (*cursor == ',') cursor++;
@@ -110,7 +113,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "FAIL: es_open(%s): %s\n", argv[1], es_open_error());
     return 1;
   }
-  check(strstr(es_bundle_info_json(runner), "\"format\":\"executorch\"") != NULL, "bundle info names the format",
+  check(strstr(es_bundle_info_json(runner), format_field) != NULL, "bundle info names the format",
         es_bundle_info_json(runner));
 
   es_default_generate_options(&options);

@@ -1,0 +1,491 @@
+// ort_backend.cpp - see ort_backend.h. Read top to bottom: the shared tables (mmap), the caches (a port of
+// runtimes/io_caches.py IoCaches), sessions + the graph IO check (runtimes/ort.py make_session / check_graph_io),
+// the target backend, the drafter, open_ort. Every onnxruntime exception is turned into an es::Error here.
+//
+// Compiled only with ES_HAVE_ORT (CMakeLists.txt defines it when it found onnxruntime): builds that glob src/*.cpp
+// without onnxruntime (android_demo's CMake) get an empty file, and engine.cpp refuses onnx bundles.
+#ifdef ES_HAVE_ORT
+#include "ort_backend.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+#include <onnxruntime_cxx_api.h>
+
+#include "errors.h"
+
+namespace es {
+
+namespace {
+
+const char* const FIX = "re-export the bundle: edge-spec export --format onnx --out DIR";
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string first_line(const std::string& s) {
+  const std::string line = s.substr(0, s.find('\n'));
+  return line.size() > 300 ? line.substr(0, 300) : line;
+}
+
+// ---- a shared table: raw little-endian float32 [rows, cols], memory-mapped read-only ---------------------------
+struct Table {
+  std::string name, path;
+  std::vector<int64_t> shape;  // [V, H]
+  const float* data = nullptr;
+  size_t bytes = 0;
+  Table() = default;
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
+  ~Table() {
+    if (data) ::munmap(const_cast<float*>(data), bytes);
+  }
+};
+
+std::unique_ptr<Table> map_table(const std::string& folder, const Manifest& m, const std::string& name) {
+  const Json& entry = m.raw.at("tables").at(name);
+  auto t = std::make_unique<Table>();
+  t->name = name;
+  t->path = join_path(folder, entry.at("file").as_string());
+  size_t count = 1;
+  for (const auto& d : entry.at("shape").as_array()) {
+    t->shape.push_back(d.as_int());
+    count *= size_t(d.as_int());
+  }
+  if (entry.at("dtype").as_string() != "float32")
+    throw bundle_error(t->path + ": table '" + name + "' is " + entry.at("dtype").as_string() +
+                           ", the onnx backend reads float32 tables",
+                       FIX);
+  t->bytes = count * sizeof(float);
+  const int fd = ::open(t->path.c_str(), O_RDONLY);
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0 || size_t(st.st_size) != t->bytes) {
+    if (fd >= 0) ::close(fd);
+    throw bundle_error(t->path + ": table '" + name + "' is missing or not " + std::to_string(t->bytes) + " bytes",
+                       FIX);
+  }
+  void* p = ::mmap(nullptr, t->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw backend_error(t->path + ": cannot memory-map the table", "check free memory / ulimit -v");
+  t->data = static_cast<const float*>(p);
+  return t;
+}
+
+// ---- the caches: per cached layer a flat K and V buffer [H_kv * S * D], bound as its bucket's prefix ------------
+class IoCaches {
+ public:
+  IoCaches(const KVLayout& layout, int bucket) : layout_(layout), bucket_size_(bucket) {
+    for (const auto& c : layout.caches) {
+      k_.emplace_back(size_t(c.num_kv_heads) * c.slots * c.head_dim, 0.0f);
+      v_.emplace_back(size_t(c.num_kv_heads) * c.slots * c.head_dim, 0.0f);
+    }
+    for (const auto& kind : layout.kinds()) {
+      bucket_[kind] = bucket_slots(0, layout.slots(kind), bucket_size_);
+      used_[kind] = 0;
+    }
+  }
+
+  int bucket(const std::string& kind) const { return bucket_.at(kind); }
+  int generation() const { return generation_; }
+  float* k(size_t i) { return k_[i].data(); }  // [1, H_kv, b, D] with b = bucket(kind)
+  float* v(size_t i) { return v_[i].data(); }
+
+  // Before a pass over t tokens after n_cached committed ones: buckets holding every visible key and the slots the
+  // pass writes (io_caches.py IoCaches.prepare).
+  void prepare(int64_t n_cached, int t) {
+    for (const auto& kind : layout_.kinds()) {
+      const int used = int(std::min<int64_t>(n_cached, layout_.slots(kind)));  // slots >= used are empty
+      fit(kind, used, used + t);
+      used_[kind] = used;
+    }
+  }
+
+  // Copy the accepted rows of the last pass (new rows [1, H_kv, t, D] per layer) into their slots.
+  void commit(const CommitPlan& plan, const std::vector<std::vector<float>>& k_new,
+              const std::vector<std::vector<float>>& v_new, int t) {
+    for (const auto& entry : plan) {
+      const auto& slots = entry.second.second;
+      if (slots.empty()) continue;
+      const int top = int(*std::max_element(slots.begin(), slots.end())) + 1;
+      fit(entry.first, used_[entry.first], std::max(used_[entry.first], top));
+      used_[entry.first] = std::max(used_[entry.first], top);
+    }
+    for (size_t i = 0; i < layout_.caches.size(); ++i) {
+      const CacheSpec& c = layout_.caches[i];
+      const auto& rows = plan.at(c.kind).first;
+      const auto& slots = plan.at(c.kind).second;
+      const size_t b = size_t(bucket_.at(c.kind)), d = size_t(c.head_dim);
+      for (int h = 0; h < c.num_kv_heads; ++h)
+        for (size_t j = 0; j < rows.size(); ++j) {
+          const size_t src = (size_t(h) * t + size_t(rows[j])) * d, dst = (h * b + size_t(slots[j])) * d;
+          std::memcpy(k_[i].data() + dst, k_new[i].data() + src, d * sizeof(float));
+          std::memcpy(v_[i].data() + dst, v_new[i].data() + src, d * sizeof(float));
+        }
+    }
+  }
+
+ private:
+  // Make the bound prefix of `kind` the bucket for `need` visible slots, keeping rows [0, used) of every head.
+  void fit(const std::string& kind, int used, int need) {
+    const int old_b = bucket_.at(kind), new_b = bucket_slots(need, layout_.slots(kind), bucket_size_);
+    if (old_b == new_b) return;
+    const int rows = std::min({used, old_b, new_b});
+    for (size_t i = 0; i < layout_.caches.size(); ++i)
+      if (layout_.caches[i].kind == kind) {
+        relayout(k_[i], layout_.caches[i], old_b, new_b, rows);
+        relayout(v_[i], layout_.caches[i], old_b, new_b, rows);
+      }
+    bucket_[kind] = new_b;
+    generation_ += 1;
+  }
+
+  // Head h's rows move from offset h * old * D to h * new * D (in place; the order never overwrites unread rows).
+  static void relayout(std::vector<float>& flat, const CacheSpec& c, int old_b, int new_b, int rows) {
+    if (c.num_kv_heads == 1 || rows == 0) return;
+    const size_t d = size_t(c.head_dim), n = size_t(rows) * d;
+    if (new_b > old_b)
+      for (int h = c.num_kv_heads - 1; h > 0; --h)
+        std::memmove(flat.data() + h * new_b * d, flat.data() + h * old_b * d, n * sizeof(float));
+    else
+      for (int h = 1; h < c.num_kv_heads; ++h)
+        std::memmove(flat.data() + h * new_b * d, flat.data() + h * old_b * d, n * sizeof(float));
+  }
+
+  KVLayout layout_;
+  int bucket_size_;
+  std::vector<std::vector<float>> k_, v_;
+  std::map<std::string, int> bucket_, used_;  // kind -> slots bound; rows [0, used) of each bucket hold data
+  int generation_ = 0;
+};
+
+// ---- sessions --------------------------------------------------------------------------------------------
+struct Runtime {  // the Env and the tables outlive both sessions
+  std::unique_ptr<Ort::Env> env;
+  Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  std::map<std::string, std::unique_ptr<Table>> tables;
+  std::vector<Ort::Value> initializers;  // the tables given to a session as initializers: must outlive it
+};
+
+Ort::Value tensor(const Ort::MemoryInfo& cpu, float* data, std::vector<int64_t> shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  return Ort::Value::CreateTensor<float>(cpu, data, n, shape.data(), shape.size());
+}
+
+Ort::Value tensor(const Ort::MemoryInfo& cpu, int64_t* data, std::vector<int64_t> shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  return Ort::Value::CreateTensor<int64_t>(cpu, data, n, shape.data(), shape.size());
+}
+
+Ort::Value table_tensor(const Runtime& rt, const Table& t) {  // onnxruntime never writes an input or initializer
+  return tensor(rt.cpu, const_cast<float*>(t.data), t.shape);
+}
+
+// runtimes/ort.py make_session: sequential, all graph optimisations, errors-only logging, spinning as asked.
+Ort::Session make_session(Runtime& rt, const std::string& path, int threads, bool spin,
+                          const std::vector<std::string>& initializers) {
+  try {
+    Ort::SessionOptions so;
+    so.SetIntraOpNumThreads(threads);  // 0: onnxruntime's default (one per physical core)
+    so.SetInterOpNumThreads(1);
+    so.SetExecutionMode(ORT_SEQUENTIAL);
+    so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+    so.SetLogSeverityLevel(3);
+    so.AddConfigEntry("session.intra_op.allow_spinning", spin ? "1" : "0");
+    if (!initializers.empty()) {  // the bundle's one copy of each table instead of the graph file's external data
+      std::vector<Ort::Value> values;
+      for (const auto& name : initializers) values.push_back(table_tensor(rt, *rt.tables.at(name)));
+      so.AddExternalInitializers(initializers, values);  // the values reference the mapped tables, no copy
+      for (auto& v : values) rt.initializers.push_back(std::move(v));
+    }
+    return Ort::Session(*rt.env, path.c_str(), so);
+  } catch (const Ort::Exception& err) {
+    throw bundle_error(path + ": onnxruntime " + Ort::GetVersionString() + " cannot load this graph (" +
+                           first_line(err.what()) + ")",
+                       "re-export the bundle with this edge-spec / onnxruntime, or update onnxruntime");
+  }
+}
+
+// runtimes/ort.py check_graph_io: the loaded graph's inputs and outputs (names, order, element types, ranks, fixed
+// dims) are the ones the manifest records, so a graph swapped after export fails here, naming the file.
+void check_graph_io(Ort::Session& session, const GraphIO& io, const std::string& path) {
+  Ort::AllocatorWithDefaultOptions alloc;
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto& want = pass == 0 ? io.inputs : io.outputs;
+    const std::string role = pass == 0 ? "input" : "output";
+    const size_t n = pass == 0 ? session.GetInputCount() : session.GetOutputCount();
+    std::vector<std::string> names;
+    for (size_t i = 0; i < n; ++i)
+      names.push_back((pass == 0 ? session.GetInputNameAllocated(i, alloc) : session.GetOutputNameAllocated(i, alloc)).get());
+    bool same = names.size() == want.size();
+    for (size_t i = 0; same && i < n; ++i) same = names[i] == want[i].name;
+    if (!same) {
+      std::string got, expected;
+      for (const auto& s : names) got += (got.empty() ? "" : ", ") + s;
+      for (const auto& w : want) expected += (expected.empty() ? "" : ", ") + w.name;
+      throw bundle_error(path + ": graph " + role + "s [" + got + "] differ from the manifest's [" + expected + "]",
+                         "re-export the bundle (the graph file does not belong to this manifest)");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const Ort::TypeInfo type_info = pass == 0 ? session.GetInputTypeInfo(i) : session.GetOutputTypeInfo(i);
+      const auto info = type_info.GetTensorTypeAndShapeInfo();  // a view into type_info
+      const auto type = info.GetElementType();
+      const auto shape = info.GetShape();  // symbolic dims: -1
+      const TensorSpec& w = want[i];
+      bool ok = type == (w.dtype == "int64" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) &&
+                shape.size() == w.shape.size();
+      for (size_t j = 0; ok && j < shape.size(); ++j)
+        if (w.shape[j].find_first_not_of("0123456789") == std::string::npos) ok = shape[j] == std::stoll(w.shape[j]);
+      if (!ok)
+        throw bundle_error(path + ": graph " + role + " " + w.name + " differs from the manifest's " + w.describe(),
+                           FIX);
+    }
+  }
+}
+
+std::vector<const char*> c_names(const std::vector<std::string>& names) {
+  std::vector<const char*> out;
+  for (const auto& n : names) out.push_back(n.c_str());
+  return out;
+}
+
+std::vector<std::string> io_names(const std::vector<TensorSpec>& specs) {
+  std::vector<std::string> out;
+  for (const auto& s : specs) out.push_back(s.name);
+  return out;
+}
+
+// Run with every input and output given by name (the graph's order); outputs are preallocated (written in place).
+void run(Ort::Session& session, const std::vector<std::string>& in_names, std::map<std::string, Ort::Value>& in,
+         const std::vector<std::string>& out_names, std::map<std::string, Ort::Value>& out, const std::string& path) {
+  std::vector<Ort::Value> inputs, outputs;
+  for (const auto& n : in_names) inputs.push_back(std::move(in.at(n)));
+  for (const auto& n : out_names) outputs.push_back(std::move(out.at(n)));
+  const auto ic = c_names(in_names), oc = c_names(out_names);
+  try {
+    session.Run(Ort::RunOptions{nullptr}, ic.data(), inputs.data(), inputs.size(), oc.data(), outputs.data(),
+                outputs.size());
+  } catch (const Ort::Exception& err) {
+    throw backend_error(path + ": onnxruntime failed to run the graph (" + first_line(err.what()) + ")",
+                        "check the bundle with `edge-spec check --bundle B`; " + std::string(FIX));
+  }
+}
+
+// ---- the target --------------------------------------------------------------------------------------------
+class OrtBackend : public Backend {
+ public:
+  OrtBackend(std::shared_ptr<Runtime> rt, Ort::Session session, std::string path, const Manifest& m, std::string identity)
+      : rt_(std::move(rt)), session_(std::move(session)), path_(std::move(path)), layout_(m.layout),
+        vocab_(m.vocab_size), hidden_(m.hidden_size), identity_(std::move(identity)), caches(m.layout, ORT_BUCKET),
+        in_names_(io_names(m.graphs.at("target").io.inputs)), out_names_(io_names(m.graphs.at("target").io.outputs)) {
+    k_new_.resize(layout_.caches.size());
+    v_new_.resize(layout_.caches.size());
+  }
+
+  const KVLayout& layout() const override { return layout_; }
+  int vocab_size() const override { return vocab_; }
+  int hidden_size() const override { return hidden_; }
+  std::string identity() const override { return identity_; }
+  int bucket_size() const override { return ORT_BUCKET; }
+
+  StepOutput forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Masks& masks,
+                     int64_t n_cached, bool last_only) override {
+    const int t = int(ids.size());
+    caches.prepare(n_cached, t);
+    ids_ = ids;              // input_ids [1, T]
+    positions_ = positions;  // position_ids [1, T]
+    logits_.resize(size_t(t) * vocab_);
+    hiddens_.resize(size_t(t) * hidden_);
+    std::map<std::string, Ort::Value> in, out;
+    in.emplace("input_ids", tensor(rt_->cpu, ids_.data(), {1, t}));
+    in.emplace("position_ids", tensor(rt_->cpu, positions_.data(), {1, t}));
+    for (const auto& kind : layout_.kinds()) {  // mask.<kind> [T, S + T] -> the bound [1, 1, T, b + T]
+      const Mask& m = masks.at(kind);
+      const int s = layout_.slots(kind), b = caches.bucket(kind);
+      std::vector<float>& dst = masks_[kind];
+      dst.resize(size_t(t) * (b + t));
+      for (int r = 0; r < t; ++r) {
+        const float* row = m.data.data() + size_t(r) * m.cols;
+        std::memcpy(dst.data() + size_t(r) * (b + t), row, sizeof(float) * size_t(b));
+        std::memcpy(dst.data() + size_t(r) * (b + t) + b, row + s, sizeof(float) * size_t(t));
+      }
+      in.emplace("mask." + kind, tensor(rt_->cpu, dst.data(), {1, 1, t, b + t}));
+    }
+    out.emplace("logits", tensor(rt_->cpu, logits_.data(), {1, t, vocab_}));    // [1, T, V]
+    out.emplace("hidden", tensor(rt_->cpu, hiddens_.data(), {1, t, hidden_}));  // [1, T, H]
+    for (size_t i = 0; i < layout_.caches.size(); ++i) {
+      const CacheSpec& c = layout_.caches[i];
+      const int64_t h = c.num_kv_heads, b = caches.bucket(c.kind), d = c.head_dim;
+      const std::string layer = std::to_string(c.layer);
+      in.emplace("k_cache." + layer, tensor(rt_->cpu, caches.k(i), {1, h, b, d}));  // [1, H_kv, b, D]
+      in.emplace("v_cache." + layer, tensor(rt_->cpu, caches.v(i), {1, h, b, d}));
+      k_new_[i].resize(size_t(h * t * d));
+      v_new_[i].resize(size_t(h * t * d));
+      out.emplace("k_new." + layer, tensor(rt_->cpu, k_new_[i].data(), {1, h, t, d}));  // [1, H_kv, T, D]
+      out.emplace("v_new." + layer, tensor(rt_->cpu, v_new_[i].data(), {1, h, t, d}));
+    }
+    const double start = now_s();
+    run(session_, in_names_, in, out_names_, out, path_);
+    kernel_s += now_s() - start;
+    pending_ = t;
+    const int first = last_only ? t - 1 : 0;
+    StepOutput result;
+    result.rows = t - first;
+    result.logits.assign(logits_.begin() + size_t(first) * vocab_, logits_.end());
+    result.hidden.assign(hiddens_.begin() + size_t(first) * hidden_, hiddens_.end());
+    return result;
+  }
+
+  void commit(const CommitPlan& plan) override {  // the `io` binding: the runner writes the accepted rows
+    if (!pending_) throw kv_state_error("commit without a forward", "call forward before commit");
+    caches.commit(plan, k_new_, v_new_, pending_);
+    pending_ = 0;
+  }
+
+  void reset() override { pending_ = 0; }  // stale rows stay in the buffers; KVState's masks hide them
+
+  std::shared_ptr<Runtime> rt_;
+  Ort::Session session_;
+  std::string path_;
+  KVLayout layout_;
+  int vocab_, hidden_;
+  std::string identity_;
+  IoCaches caches;
+
+ private:
+  std::vector<std::string> in_names_, out_names_;
+  std::vector<int64_t> ids_, positions_;
+  std::map<std::string, std::vector<float>> masks_;
+  std::vector<float> logits_, hiddens_;
+  std::vector<std::vector<float>> k_new_, v_new_;  // per cached layer [1, H_kv, T, D]
+  int pending_ = 0;                                 // T of the last forward (its new rows sit in k_new_ / v_new_)
+};
+
+// ---- the drafter: one draft step over the target's caches (its kv_sharing source layers) ---------------------
+class OrtDrafter : public DrafterBackend {
+ public:
+  OrtDrafter(std::shared_ptr<Runtime> rt, Ort::Session session, std::string path, OrtBackend& target, const Manifest& m)
+      : rt_(std::move(rt)), session_(std::move(session)), path_(std::move(path)), target_(target),
+        candidates_(m.drafter->candidates_per_step), hidden_size_(m.hidden_size),
+        in_names_(io_names(m.graphs.at("drafter").io.inputs)), out_names_(io_names(m.graphs.at("drafter").io.outputs)) {
+    for (const auto& share : m.drafter->kv_sharing)  // std::map: sorted by kind (kv.source_caches)
+      for (size_t i = 0; i < m.layout.caches.size(); ++i)
+        if (m.layout.caches[i].layer == share.second) sources_.emplace_back(share.first, i);
+    for (const auto& name : in_names_)
+      if (rt_->tables.count(name)) tables_.push_back(name);
+    out_ids_.resize(size_t(candidates_));
+    out_logits_.resize(size_t(candidates_));
+    out_hidden_.resize(size_t(hidden_size_));
+  }
+
+  // The burst starts at the bonus token's position; masks: kind -> [1, S_kind], bound as the target's bucket.
+  void begin(int64_t position, const Masks& masks, int64_t) override {
+    position_ = position;
+    for (const auto& src : sources_) {
+      const int b = target_.caches.bucket(src.first);
+      const Mask& m = masks.at(src.first);
+      masks_[src.first].assign(m.data.begin(), m.data.begin() + b);  // [1, 1, 1, b]
+    }
+  }
+
+  DraftStep step(int64_t token, const std::vector<float>& hidden) override {
+    token_ = token;
+    hidden_ = hidden;
+    pos_ = position_;
+    std::map<std::string, Ort::Value> in, out;
+    in.emplace("input_ids", tensor(rt_->cpu, &token_, {1, 1}));                         // [1, 1]
+    in.emplace("hidden", tensor(rt_->cpu, hidden_.data(), {1, 1, int64_t(hidden_size_)}));  // [1, 1, H]
+    in.emplace("position_ids", tensor(rt_->cpu, &pos_, {1, 1}));                         // [1, 1]
+    for (const auto& src : sources_) {
+      const CacheSpec& c = target_.layout_.caches[src.second];
+      const int64_t h = c.num_kv_heads, b = target_.caches.bucket(c.kind), d = c.head_dim;
+      const std::string layer = std::to_string(c.layer);
+      in.emplace("mask." + src.first, tensor(rt_->cpu, masks_[src.first].data(), {1, 1, 1, b}));
+      in.emplace("k_cache." + layer, tensor(rt_->cpu, target_.caches.k(src.second), {1, h, b, d}));  // [1, H_kv, b, D]
+      in.emplace("v_cache." + layer, tensor(rt_->cpu, target_.caches.v(src.second), {1, h, b, d}));
+    }
+    for (const auto& name : tables_) in.emplace(name, table_tensor(*rt_, *rt_->tables.at(name)));  // [V, H]
+    out.emplace("draft_token_ids", tensor(rt_->cpu, out_ids_.data(), {int64_t(candidates_)}));  // [N]
+    out.emplace("draft_logits", tensor(rt_->cpu, out_logits_.data(), {int64_t(candidates_)}));  // [N]
+    out.emplace("draft_hidden", tensor(rt_->cpu, out_hidden_.data(), {1, 1, int64_t(hidden_size_)}));
+    const double start = now_s();
+    run(session_, in_names_, in, out_names_, out, path_);
+    kernel_s += now_s() - start;
+    return DraftStep{out_ids_, out_logits_, out_hidden_};
+  }
+
+ private:
+  std::shared_ptr<Runtime> rt_;
+  Ort::Session session_;
+  std::string path_;
+  OrtBackend& target_;
+  int candidates_, hidden_size_;
+  std::vector<std::string> in_names_, out_names_;
+  std::vector<std::pair<std::string, size_t>> sources_;  // kind -> index into layout.caches
+  std::vector<std::string> tables_;                      // the tables the graph takes as inputs
+  std::map<std::string, std::vector<float>> masks_;
+  int64_t position_ = 0, token_ = 0, pos_ = 0;
+  std::vector<float> hidden_;
+  std::vector<int64_t> out_ids_;
+  std::vector<float> out_logits_, out_hidden_;
+};
+
+std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_sessions(const std::string& folder,
+                                                                                   const Manifest& m, int threads) {
+  auto rt = std::make_shared<Runtime>();
+  rt->env = std::make_unique<Ort::Env>(ORT_LOGGING_LEVEL_ERROR, "edge-spec");
+  for (const auto& t : m.tables) rt->tables[t.first] = map_table(folder, m, t.first);
+  if (!rt->tables.count("embed_table"))
+    throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the onnx bundle has no embed_table", FIX);
+  const GraphEntry& entry = m.graphs.at("target");
+  const std::string path = join_path(folder, entry.file);
+  // the target spins between steps (the Python runtime's default), the drafter never does (runtimes/ort.py)
+  Ort::Session target = make_session(*rt, path, threads, /*spin=*/true, {"embed_table"});
+  check_graph_io(target, entry.io, path);
+  const std::string identity = "onnxruntime " + Ort::GetVersionString() + " (native), CPUExecutionProvider, " +
+                               (threads ? std::to_string(threads) : std::string("default")) + " intra-op threads";
+  auto backend = std::make_unique<OrtBackend>(rt, std::move(target), path, m, identity);
+  std::unique_ptr<DrafterBackend> drafter;
+  if (m.drafter) {
+    const GraphEntry& d = m.graphs.at("drafter");
+    const std::string dpath = join_path(folder, d.file);
+    Ort::Session session = make_session(*rt, dpath, threads, /*spin=*/false, {});
+    check_graph_io(session, d.io, dpath);
+    drafter = std::make_unique<OrtDrafter>(rt, std::move(session), dpath, *backend, m);
+  }
+  return {std::move(backend), std::move(drafter)};
+}
+
+}  // namespace
+
+std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_ort(const std::string& folder,
+                                                                              const Manifest& m, int threads) {
+  if (threads < 0) throw config_error("threads must be >= 0, got " + std::to_string(threads), "use --threads 2");
+  if (!OrtGetApiBase()->GetApi(ORT_API_VERSION))  // a library older than the headers the runner was built with
+    throw backend_error("onnxruntime " + std::string(OrtGetApiBase()->GetVersionString()) + " does not serve API " +
+                            "version " + std::to_string(ORT_API_VERSION) + " (this runner's headers)",
+                        "install onnxruntime >= 1." + std::to_string(ORT_API_VERSION) + " and rebuild: make native");
+  if (m.binding != BINDING_IO)
+    throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the onnx backend runs the `io` binding, this bundle's is '" +
+                           m.binding + "'",
+                       FIX);
+  try {
+    return open_sessions(folder, m, threads);
+  } catch (const Ort::Exception& err) {  // anything make_session / check_graph_io did not name
+    throw backend_error("onnxruntime " + Ort::GetVersionString() + ": " + first_line(err.what()),
+                        "check the bundle with `edge-spec check --bundle " + folder + "`");
+  }
+}
+
+}  // namespace es
+
+#endif  // ES_HAVE_ORT

@@ -1,0 +1,233 @@
+"""The native runner's onnxruntime backend (runtimes/native/src/ort_backend.cpp) against the Python runtime "ort".
+
+The runner is built as tests/test_native.py builds it (its `native` fixture: CMake into build/native, what `make
+native` runs); the onnx backend is in it when CMake found onnxruntime's library and headers, else every test here
+skips saying why. Tiny random ONNX bundles (tests/tiny.py, the drafters of tests/test_onnx.py) are exported once per
+module, fp32 and int8, as `edge-spec export --format onnx` writes them (the dynamo exporter). Every comparison is
+token for token with the Python runtime on the same bundle: greedy plain and speculative (the drafter graph over the
+runner's caches), rejected drafts, seeded rejection sampling (the drafter's logits decide), the host check's verdict,
+the C API; damaged graphs and formats without a backend are refused naming the file and the fix.
+"""
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from edge_spec.api import load_bundle
+from edge_spec.contract.manifest import MANIFEST, sha256_file
+from edge_spec.decoding.generate import generate_plain
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import generate_speculative
+from edge_spec.loading import checkpoints
+from tests.parity import prompt_ids
+from tests.test_native import native, run  # noqa: F401 (the build fixture, the CLI helper)
+
+GREEDY = SamplingParams()
+TOKENS = 40
+
+
+# ---- the bundles and the backend ---------------------------------------------------------------------------
+def _export(folder, out, drafter_args, **export_args):
+    from edge_spec.exporters.onnx import export_bundle
+    from tests.test_onnx import tiny_drafter
+
+    target = checkpoints.load(str(folder))
+    drafter = tiny_drafter(target.config, **drafter_args)
+    return {precision: export_bundle(target, out / precision, drafter=drafter, precision=precision, **export_args)
+            for precision in ("fp32", "int8")}
+
+
+@pytest.fixture(scope="module")
+def llama_onnx(tiny_llama, tmp_path_factory):
+    """Tiny llama + a clustered drafter scoring with the target's tied table (tests/test_onnx.py's `llama`)."""
+    return _export(tiny_llama[0], tmp_path_factory.mktemp("native-ort") / "llama", dict(head_from="target"),
+                   max_context=160)
+
+
+@pytest.fixture(scope="module")
+def gemma_onnx(tiny_gemma4, tmp_path_factory):
+    """Tiny Gemma-4 (sliding rings of 6 + 9 - 1 = 14 slots, KV sharing, per-layer inputs) + a dense-head drafter with
+    its own output table."""
+    return _export(tiny_gemma4[0], tmp_path_factory.mktemp("native-ort") / "gemma", dict(clustered=False),
+                   max_context=96, max_pass=9)
+
+
+@pytest.fixture(scope="module")
+def ort_native(native):  # noqa: F811
+    """build/native when it has the onnx backend (its formats.txt, written by CMake, says so); a skip naming why not
+    otherwise, before any export (the tests ask for this fixture first)."""
+    formats = (native / "formats.txt").read_text().strip()
+    if "onnx" not in formats.split():
+        pytest.skip(f"{native} was built without the onnx backend ({formats}); fix: install npm (apt-get install "
+                    "npm) so CMake can fetch onnxruntime's headers, then make native")
+    return native
+
+
+@pytest.fixture(params=["llama-fp32", "llama-int8", "gemma-fp32", "gemma-int8"])
+def bundle(request):
+    name, precision = request.param.split("-")
+    return request.getfixturevalue(f"{name}_onnx")[precision]
+
+
+@pytest.fixture(params=["llama", "gemma"])
+def fp32_bundle(request):
+    return request.getfixturevalue(f"{request.param}_onnx")["fp32"]
+
+
+def python_plain(folder, ids, n=TOKENS):
+    """The Python runtime's ("ort") plain greedy tokens, stop tokens ignored, and its engine."""
+    engine = load_bundle(folder, runtime="ort", threads=2)
+    return generate_plain(engine.session, ids, max_new_tokens=n, params=GREEDY, rng=np.random.default_rng(0),
+                          stop_ids=frozenset()).tokens, engine
+
+
+# ---- greedy parity -----------------------------------------------------------------------------------------
+def test_plain_and_speculative_greedy_equal_the_python_runtime(ort_native, bundle):
+    """fp32 and int8 (MatMulNBits), llama and Gemma-4: plain; fixed k = 1, 2, 4 with prompt lookup; k = 2 with the
+    drafter graph alone (its proposals decide tau); adaptive: the C++ tokens == the Python runtime's plain tokens ==
+    its speculative tokens, with the same tau and lookup passes as Python's loop."""
+    ids = prompt_ids(9, seed=2)
+    expected, engine = python_plain(bundle, ids)
+    fixed = ["--fixed-k", "--ignore-eos", "--max-new-tokens", str(TOKENS)]
+    assert run(ort_native, bundle, ids, "--no-spec", *fixed)["tokens"] == expected
+    for k, lookup in ((1, True), (2, True), (4, True), (2, False)):
+        ours = run(ort_native, bundle, ids, "--spec-k", str(k), *fixed, *([] if lookup else ["--no-lookup"]))
+        theirs = generate_speculative(engine.session, engine.drafter, ids, max_new_tokens=TOKENS, params=GREEDY,
+                                      rng=np.random.default_rng(0), stop_ids=frozenset(), k=k,
+                                      vocab_size=engine.vocab_size, lookup=lookup)
+        assert ours["tokens"] == theirs.tokens == expected, f"k={k} lookup={lookup}"
+        assert ours["speculative"] and ours["lookup_passes"] == theirs.extra["spec"].lookup_passes
+        assert ours["tau"] == pytest.approx(theirs.extra["spec"].tau, abs=1e-6)
+        assert ours["target_passes"] == theirs.extra["spec"].target_calls
+    adaptive = run(ort_native, bundle, ids, "--spec-k", "4", "--adaptive", "--ignore-eos", "--max-new-tokens", str(TOKENS))
+    assert adaptive["tokens"] == expected and adaptive["speculative"]
+
+
+@pytest.mark.parametrize("wrong", ["never", "third", "random"])
+def test_rejected_drafts_never_change_later_tokens(ort_native, fp32_bundle, wrong):
+    """Drafts of the known continuation, wrong where told: the runner commits only accepted rows into its caches
+    (70 tokens: the Gemma bundle's 14-slot rings wrap many times; the llama caches cross a 64-slot bucket edge), so
+    the output is the plain greedy output whatever was proposed."""
+    ids = prompt_ids(11, seed=1)
+    expected, _ = python_plain(fp32_bundle, ids, n=70)
+    ours = run(ort_native, fp32_bundle, ids, "--spec-k", "4", "--fixed-k", "--no-lookup", "--ignore-eos",
+               "--max-new-tokens", "70", "--test-oracle-drafts", ",".join(map(str, expected)), "--test-wrong", wrong)
+    assert ours["tokens"] == expected
+    assert (ours["tau"] > 4.0) if wrong == "never" else (1.0 < ours["tau"] < 4.0)
+
+
+def test_seeded_rejection_sampling_draws_the_python_tokens(ort_native, fp32_bundle):
+    """Seeded sampling with edge_spec.decoding.portable_rng.PortableRng on both sides: plain, and speculative with
+    rejection sampling, where the drafter graph's logits set every acceptance probability and residual draw."""
+    from edge_spec.decoding.portable_rng import PortableRng
+
+    ids = prompt_ids(9, seed=4)
+    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.95)
+    engine = load_bundle(fp32_bundle, runtime="ort", threads=2)
+    flags = ["--temperature", "0.9", "--top-k", "40", "--top-p", "0.95", "--ignore-eos", "--max-new-tokens", "30"]
+    for seed in (3, 11):
+        plain = generate_plain(engine.session, ids, max_new_tokens=30, params=params, rng=PortableRng(seed),
+                               stop_ids=frozenset()).tokens
+        assert run(ort_native, fp32_bundle, ids, "--no-spec", "--seed", str(seed), *flags)["tokens"] == plain
+        spec = generate_speculative(engine.session, engine.drafter, ids, max_new_tokens=30, params=params,
+                                    rng=PortableRng(seed), stop_ids=frozenset(), k=2, vocab_size=engine.vocab_size)
+        ours = run(ort_native, fp32_bundle, ids, "--spec-k", "2", "--fixed-k", "--no-lookup", "--seed", str(seed), *flags)
+        assert ours["tokens"] == spec.tokens and ours["target_passes"] == spec.extra["spec"].target_calls
+
+
+def test_stop_tokens_end_generation_as_in_python(ort_native, gemma_onnx):
+    engine = load_bundle(gemma_onnx["fp32"], runtime="ort", threads=2)
+    for seed in (1, 3):
+        ids = prompt_ids(9, seed=seed)
+        plain = engine.generate(ids, max_new_tokens=30, speculative=False)
+        ours = run(ort_native, gemma_onnx["fp32"], ids, "--spec-k", "2", "--max-new-tokens", "30")
+        assert ours["tokens"] == plain.tokens and ours["stop"] == plain.stop_reason
+
+
+# ---- the host check and the threads option --------------------------------------------------------------------
+def _check(native, folder, threads):
+    done = subprocess.run([str(native / "edge-spec-run"), "--bundle", str(folder), "--threads", str(threads),
+                           "--check", "--fresh-check"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_host_check_verdict_equals_the_python_runtime(ort_native, bundle):
+    """The exactness probe through onnxruntime's C++ API on this CPU: the Python probe's row mode."""
+    ours = _check(ort_native, bundle, 2)
+    engine = load_bundle(bundle, runtime="ort", threads=2)
+    assert ours["min_rows"] == (engine.exactness.min_rows or 0)
+    assert ours["verdict"] in ("exact-one-row", "exact-two-row", "inexact") and len(ours["windows"]) >= 4
+    assert ours["runtime"].startswith("onnxruntime ") and "2 intra-op threads" in ours["runtime"]
+
+
+def test_threads_option_sets_the_intra_op_pool(ort_native, llama_onnx):
+    """--threads N is onnxruntime's intra-op thread count (the host check's identity records it); one thread gives
+    the same greedy tokens."""
+    folder = llama_onnx["int8"]
+    assert "1 intra-op threads" in _check(ort_native, folder, 1)["runtime"]
+    ids = prompt_ids(9, seed=5)
+    one = subprocess.run([str(ort_native / "edge-spec-run"), "--bundle", str(folder), "--prompt-ids",
+                          ",".join(map(str, ids)), "--threads", "1", "--json", "--no-spec", "--max-new-tokens", "20",
+                          "--ignore-eos"], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(one.stdout)["tokens"] == python_plain(folder, ids, n=20)[0]
+
+
+# ---- the C API -------------------------------------------------------------------------------------------
+def test_c_api_program_generates_the_python_tokens(ort_native, gemma_onnx):
+    """runtimes/native/tests/c_api_test.c on an onnx bundle (libedge_spec.so picks the backend from the manifest):
+    codes + messages, plain and speculative greedy via callbacks, cancel; its tokens == the Python runtime's."""
+    ids = prompt_ids(9, seed=3)
+    done = subprocess.run([str(ort_native / "c_api_test"), str(gemma_onnx["int8"]), ",".join(map(str, ids)), "24", "onnx"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    plain = load_bundle(gemma_onnx["int8"], runtime="ort", threads=2).generate(ids, max_new_tokens=24, speculative=False)
+    assert out["plain"] == out["spec"] == plain.tokens
+    assert out["failures"] == 0 and out["checks"] >= 12 and out["cancelled_after"] == 3
+
+
+# ---- refusals ----------------------------------------------------------------------------------------------
+def _rehash(folder, rel):
+    raw = json.loads((folder / MANIFEST).read_text())
+    path = folder / rel
+    raw["files"][rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    (folder / MANIFEST).write_text(json.dumps(raw))
+
+
+def _refusal(native, folder):
+    done = run(native, folder, [5, 6, 7], "--max-new-tokens", "2", check=False)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    return done.stderr
+
+
+def test_damaged_onnx_bundles_and_other_formats_are_refused(ort_native, llama_onnx, gemma_onnx, tmp_path):
+    """A graph onnxruntime cannot load, a graph of the wrong role (checksums re-recorded, so only the graph IO check
+    can tell), and a format this runner has no backend for: refused with the file named and the fix."""
+    folder = tmp_path / "bundle"
+    shutil.copytree(llama_onnx["fp32"], folder)
+    raw = json.loads((folder / MANIFEST).read_text())
+    target = raw["graphs"]["target"]["file"]
+    data = (folder / target).read_bytes()
+    (folder / target).write_bytes(data[: len(data) // 2])
+    _rehash(folder, target)
+    err = _refusal(ort_native, folder)
+    assert f"{folder / target}: onnxruntime " in err and "cannot load this graph" in err and "fix: re-export" in err
+    for rel in (target, target + ".data"):  # another model's target graph (same table shape: it loads)
+        shutil.copyfile(gemma_onnx["fp32"] / rel, folder / rel)
+        _rehash(folder, rel)
+    err = _refusal(ort_native, folder)
+    assert f"{folder / target}: graph inputs [input_ids, position_ids, mask.full, mask.sliding" in err
+    assert "differ from the manifest's [input_ids, position_ids, mask.full, k_cache.0" in err
+    for rel in (target, target + ".data"):
+        shutil.copyfile(llama_onnx["fp32"] / rel, folder / rel)
+        _rehash(folder, rel)
+    raw = json.loads((folder / MANIFEST).read_text())
+    raw["format"], raw["drafter"] = "coreml", None  # coreml's io binding + a target-only manifest: a valid manifest
+    del raw["graphs"]["drafter"]
+    (folder / MANIFEST).write_text(json.dumps(raw))
+    err = _refusal(ort_native, folder)
+    assert "has no runtime for 'coreml' bundles (it runs executorch and onnx bundles)" in err and "fix:" in err
