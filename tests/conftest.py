@@ -22,7 +22,10 @@ REAL_FIXTURES = frozenset({
 
 # pytest-xdist (`make test`: --dist loadgroup): each test file runs on one worker, so its module-scoped exports are
 # made once; files that share the session's tiny .pte bundles (below) run on the same worker.
-SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_native.py": "tiny-pte", "test_android_bridge.py": "tiny-pte"}
+# one worker for the files that build or read build/native (two cmake builds of one folder at once break it) and
+# share the session's tiny .pte
+SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_native.py": "tiny-pte", "test_native_ort.py": "tiny-pte",
+                 "test_android_bridge.py": "tiny-pte"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which turns the group marks into scopes
