@@ -17,7 +17,7 @@ from edge_spec.contract.backend import DrafterBackend, Session
 from edge_spec.loading.checkpoints import BUILTIN_MODELS, LoadedModel
 from edge_spec.loading.checkpoints import load as load_checkpoint
 from edge_spec.model.config import kv_layout
-from edge_spec.model.drafter import Drafter, check_pair, load_drafter
+from edge_spec.model.drafter import Drafter, load_drafter, pair
 from edge_spec.errors import BundleError, CheckpointError, ConfigError
 from edge_spec.contract.formats import (EAGER_RUNTIME, RUN, check_options, check_runtime, format_of_runtime,
                                         get_format, runtime_for)
@@ -160,7 +160,7 @@ def _torch_engine(loaded: LoadedModel, drafter: Drafter | None, layout: KVLayout
     from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 
     backend = TorchBackend(loaded.model, layout, threads=threads or DEFAULT_TORCH_THREADS)
-    runner = TorchDrafter(drafter, backend, check_pair(loaded.config, drafter.cfg)) if drafter is not None else None
+    runner = TorchDrafter(drafter, backend, pair(loaded.model, drafter)) if drafter is not None else None
     engine = Engine(session=Session(backend, prefill_chunk=prefill_chunk), tokenizer=loaded.tokenizer,
                     stop_ids=loaded.stop_ids, vocab_size=loaded.config.vocab_size, drafter=runner, runtime=EAGER_RUNTIME,
                     loaded=loaded, **extra)

@@ -15,7 +15,7 @@ from edge_spec import __version__
 from edge_spec.contract import kv
 from edge_spec.loading.checkpoints import LoadedModel
 from edge_spec.model.config import kv_layout
-from edge_spec.model.drafter import Drafter, check_pair
+from edge_spec.model.drafter import Drafter, pair
 from edge_spec.errors import ConfigError
 from edge_spec.contract.formats import Format, check_binding, check_precision, exporter, get_format
 from edge_spec.contract.manifest import TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest, ModelEntry, TableEntry, content_id, write_bundle
@@ -85,7 +85,7 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
     cfg = target.config
     max_context = max_context or min(2048, cfg.max_position_embeddings)
     layout = kv_layout(cfg, max_context, max_pass, binding, fmt.fixed_shapes)
-    sources = check_pair(cfg, drafter.cfg) if drafter is not None else None
+    sources = pair(target.model, drafter) if drafter is not None else None  # binds a target-derived table
     step = progress or (lambda name: None)
 
     def build(tmp: Path) -> Manifest:

@@ -46,6 +46,11 @@ class DrafterConfig:
     # edge-spec extension: projected = post_projection(h) + input hidden (predict the next target state as a
     # delta from the current one: logits start at the target's scale, which makes distillation far easier)
     residual: bool = False
+    # edge-spec extension (head_from == "drafter" only): where the drafter's token table [V, Ha] comes from.
+    # "own": stored in the checkpoint (Google's assistants). "target": derived when the drafter is paired with its
+    # target, table = target_embedding [V, Ht] @ P^T with a learned projection P [Ha, Ht] (`table_projection`); the
+    # checkpoint stores P, not the table (a 262144 x 256 table is 268 MB in fp32). See `Drafter.bind_target`.
+    table_from: str = "own"
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -90,7 +95,13 @@ def drafter_config_from_dict(d: dict, source: str = "config.json") -> DrafterCon
     head_from = ours.get("head_from", "drafter")
     if head_from not in ("drafter", "target"):
         raise CheckpointError(f"{source}: edge_spec.head_from must be 'drafter' or 'target', got {head_from!r}")
-    return DrafterConfig(head_from=head_from, residual=bool(ours.get("residual", False)), layers=stack, target_hidden_size=int(d.get("backbone_hidden_size", 1536)), clustered=clustered,
+    table_from = ours.get("table_from", "own")
+    if table_from not in ("own", "target"):
+        raise CheckpointError(f"{source}: edge_spec.table_from must be 'own' or 'target', got {table_from!r}")
+    if table_from == "target" and head_from != "drafter":
+        raise CheckpointError(f"{source}: edge_spec.table_from 'target' needs head_from 'drafter' (a head_from "
+                              "'target' drafter has no token table of its own)", "drop table_from or head_from")
+    return DrafterConfig(head_from=head_from, table_from=table_from, residual=bool(ours.get("residual", False)), layers=stack, target_hidden_size=int(d.get("backbone_hidden_size", 1536)), clustered=clustered,
                          num_centroids=centroids, top_k_clusters=int(d.get("centroid_intermediate_top_k", 32)),
                          kv_source_layers={k: int(v) for k, v in sources.items()} if sources else None, raw=d)
 
@@ -131,21 +142,93 @@ class ClusteredHead(nn.Module):
         return ids, (h[None] @ rows.T)[0]
 
 
+UNBOUND_FIX = ("pair it with its target first: drafter.bind_target(target.model.embed_tokens.weight), or "
+               "edge_spec.model.drafter.pair(target_model, drafter), which edge-spec's loaders, exporters and trainer call")
+
+
+def _tracing() -> bool:
+    """Inside torch.jit.trace / torch.export / dynamo: the bound table must be read as it is (a constant)."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
 class Drafter(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         if cfg.layers.family != GEMMA4:
             raise CheckpointError("drafter layers must be gemma4-style blocks")
         self.cfg = cfg
-        self.model = _Stack(cfg.layers, own_table=cfg.head_from == "drafter")
-        if cfg.head_from == "drafter":
+        own_table = cfg.head_from == "drafter" and cfg.table_from == "own"
+        self.model = _Stack(cfg.layers, own_table=own_table)
+        if own_table:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
             self.lm_head.weight = self.model.embed_tokens.weight
+        if cfg.table_from == "target":
+            self.table_projection = nn.Linear(cfg.target_hidden_size, cfg.hidden_size, bias=False)  # P [Ha, Ht]
+            # the materialized table [V, Ha]: a buffer (moved by .to(), a constant of exported graphs), never saved
+            self.register_buffer("bound_table", None, persistent=False)
+            object.__setattr__(self, "_target_embedding", None)  # not a submodule / parameter: the target owns it
+            self._bound_key = None
         self.pre_projection = nn.Linear(2 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.post_projection = nn.Linear(cfg.hidden_size, cfg.target_hidden_size, bias=False)
         self.masked_embedding = ClusteredHead(cfg) if cfg.clustered else None
         for kind, spec in cfg.layers.rope.items():
-            self.register_buffer(f"inv_freq_{kind}", torch.from_numpy(spec.inv_freq()), persistent=False)
+            with torch.device("cpu"):  # numpy maths, also when built on the meta device (drafter_sizes)
+                inv_freq = torch.from_numpy(spec.inv_freq())
+            self.register_buffer(f"inv_freq_{kind}", inv_freq, persistent=False)
+
+    # ---- the token table ([V, Ha], head_from == "drafter") ----
+    def bind_target(self, embedding: torch.Tensor) -> "Drafter":
+        """Pair with the target's input embedding [V, Ht]: a table_from="target" drafter materializes its table
+        embedding @ P^T now (and again by itself whenever P changes, e.g. after training); no-op otherwise."""
+        if self.cfg.table_from != "target":
+            return self
+        want = (self.cfg.vocab_size, self.cfg.target_hidden_size)
+        if tuple(embedding.shape) != want:
+            raise CheckpointError(f"the target embedding has shape {tuple(embedding.shape)}, this drafter derives its "
+                                  f"table from one of shape {want}", "pair the drafter with the target it was trained for")
+        object.__setattr__(self, "_target_embedding", embedding)
+        self._materialize()
+        return self
+
+    @property
+    def bound(self) -> bool:
+        return self.cfg.table_from != "target" or self._target_embedding is not None
+
+    def _check_bound(self) -> None:
+        if not self.bound:
+            raise CheckpointError("this drafter derives its token table from its target's embedding "
+                                  "(config.json edge_spec.table_from = 'target') and is not paired with a target",
+                                  UNBOUND_FIX)
+
+    def _projection_key(self):
+        w = self.table_projection.weight
+        return w._version, w.data_ptr(), w.dtype
+
+    def _materialize(self) -> None:
+        with torch.no_grad():
+            self.bound_table = self.table_rows().detach()
+        self._bound_key = self._projection_key()
+
+    def table_rows(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows `ids` (all when None) of the token table, differentiable in P / the own table (what training uses:
+        only the rows its loss scores, projected once per step)."""
+        if self.cfg.table_from == "own":
+            w = self.lm_head.weight
+            return w if ids is None else w.index_select(0, ids)
+        self._check_bound()
+        emb = self._target_embedding.detach()  # the target's embedding stays frozen
+        rows = emb if ids is None else emb.index_select(0, ids)
+        return self.table_projection(rows.to(self.table_projection.weight.dtype))
+
+    @property
+    def table(self) -> torch.Tensor:
+        """The token table [V, Ha] the head scores (own, or the bound target-derived one)."""
+        if self.cfg.table_from == "own":
+            return self.lm_head.weight
+        self._check_bound()
+        if not _tracing() and self._bound_key != self._projection_key():
+            self._materialize()  # P changed (training, load_state_dict, .to()) since the table was made
+        return self.bound_table
 
     def states(self, token_embed: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                masks: dict[str, torch.Tensor], kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
@@ -182,7 +265,7 @@ class Drafter(nn.Module):
         if self.cfg.head_from == "target":
             flat, table = projected, target_table
         else:
-            flat, table = h, self.lm_head.weight
+            flat, table = h, self.table
         if self.masked_embedding is not None:
             ids, logits = self.masked_embedding(flat, table)
         else:
@@ -237,6 +320,15 @@ def check_pair(target: ModelConfig, drafter: DrafterConfig) -> dict[str, int]:
     return sources
 
 
+def pair(target, drafter: Drafter) -> dict[str, int]:
+    """Where a drafter meets its target (`target`: the target Transformer): check the pair, bind the drafter to the
+    target's embedding (a table_from="target" drafter materializes its table here), return kv_sources.
+    The API, every exporter (contract.bundle.export) and the trainer pair through this."""
+    sources = check_pair(target.cfg, drafter.cfg)
+    drafter.bind_target(target.model.embed_tokens.weight)
+    return sources
+
+
 # ---- loading ---------------------------------------------------------------------------------------
 def load_drafter(folder: str | Path) -> Drafter:
     from edge_spec.loading.checkpoints import read_config_json, read_safetensors  # one reader for every checkpoint
@@ -274,7 +366,7 @@ def load_drafter(folder: str | Path) -> Drafter:
 def drafter_config_dict(target: ModelConfig, *, hidden_size: int = 256, num_layers: int = 2, num_heads: int | None = None,
                         intermediate_size: int = 1024, clustered: bool = True, num_centroids: int = 1024,
                         top_k_clusters: int = 32, source_layers: dict[str, int] | None = None,
-                        head_from: str = "drafter", residual: bool = False) -> dict:
+                        head_from: str = "drafter", residual: bool = False, table_from: str = "own") -> dict:
     """A `gemma4_assistant` config.json for a new drafter of `target` (layers read the target's last
     cached layer of each kind; the last drafter layer is full attention, the others follow the target's kinds)."""
     kinds = ["sliding" if "sliding" in target.layer_kinds and i < num_layers - 1 else "full" for i in range(num_layers)]
@@ -298,7 +390,9 @@ def drafter_config_dict(target: ModelConfig, *, hidden_size: int = 256, num_laye
     return {"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"], "text_config": text,
             "backbone_hidden_size": target.hidden_size, "use_ordered_embeddings": clustered,
             "num_centroids": num_centroids, "centroid_intermediate_top_k": top_k_clusters, "tie_word_embeddings": True,
-            "edge_spec": {"head_from": head_from, "residual": residual, **({"kv_source_layers": source_layers} if source_layers else {})}}
+            "edge_spec": {"head_from": head_from, "residual": residual,
+                          **({"table_from": table_from} if table_from != "own" else {}),
+                          **({"kv_source_layers": source_layers} if source_layers else {})}}
 
 
 def new_drafter(target: ModelConfig, seed: int = 0, **kwargs) -> Drafter:
@@ -313,8 +407,10 @@ def new_drafter(target: ModelConfig, seed: int = 0, **kwargs) -> Drafter:
     return drafter
 
 
-def save_drafter(drafter: Drafter, folder: str | Path) -> Path:
-    """Write config.json + model.safetensors atomically (temp folder + rename)."""
+def save_drafter(drafter: Drafter, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write config.json + model.safetensors atomically (temp folder + rename). `dtype` (e.g. torch.bfloat16):
+    store the floating-point tensors in it (load_drafter reads them back as float32). A table_from="target" drafter
+    stores P, not its table (the table is a non-persistent buffer)."""
     import os
     import shutil
 
@@ -325,7 +421,8 @@ def save_drafter(drafter: Drafter, folder: str | Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        state = {k: v.contiguous() for k, v in drafter.state_dict().items() if k != "lm_head.weight"}
+        state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
+                 for k, v in drafter.state_dict().items() if k != "lm_head.weight"}
         save_file(state, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(drafter.cfg.raw, indent=2))
         if folder.exists():

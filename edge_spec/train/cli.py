@@ -35,6 +35,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--top-k-clusters", type=int, default=32)
     tr.add_argument("--head-from", choices=["target", "drafter"], default="target",
                     help="score tokens with the target's own output embedding (default) or a table of the drafter's")
+    tr.add_argument("--table-from", choices=["own", "target"], default="own",
+                    help="with --head-from drafter: the drafter's table stored (own) or derived from the target's "
+                         "embedding through a learned projection (target: the checkpoint stores the projection only)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--init", default=None,
                     help="start from this drafter ('builtin' or a folder) instead of a fresh one; its shape wins")
@@ -78,7 +81,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                  max_regen_text=args.regen_text, chat_max_new=args.regen_tokens,
                  chat_batch=args.regen_batch, hidden_size=args.hidden_size, num_layers=args.layers,
                  intermediate_size=args.intermediate_size, num_centroids=args.centroids,
-                 top_k_clusters=args.top_k_clusters, head_from=args.head_from, train_cfg=cfg, max_steps=args.max_steps,
+                 top_k_clusters=args.top_k_clusters, head_from=args.head_from, table_from=args.table_from,
+                 train_cfg=cfg, max_steps=args.max_steps,
                  work=Path(args.work) if args.work else None, init=init, shard_bits=args.shard_bits)
     print(json.dumps({k: report[k] for k in ("steps", "data", "drafter", "held_out", "total_seconds") if k in report},
                      indent=2, default=float))

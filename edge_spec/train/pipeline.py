@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from edge_spec.loading.checkpoints import LoadedModel
 from edge_spec.model.clustering import balanced_kmeans
-from edge_spec.model.drafter import check_pair, load_drafter, new_drafter, save_drafter
+from edge_spec.model.drafter import load_drafter, new_drafter, pair, save_drafter
 from edge_spec.errors import ConfigError
 from edge_spec.train import data as D
 from edge_spec.train.shard_quant import encode_arrays
@@ -135,7 +135,7 @@ def check_work_target(work: Path, loaded: LoadedModel) -> None:
 def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 400_000, chat_batch: int = 16,
         chat_max_new: int = 128, max_chat_prompts: int | None = None, chat_templates: int = 2,
         max_regen_text: int = 200, hidden_size: int = 256, num_layers: int = 2, intermediate_size: int = 1024,
-        num_centroids: int = 1024, top_k_clusters: int = 32, head_from: str = "target",
+        num_centroids: int = 1024, top_k_clusters: int = 32, head_from: str = "target", table_from: str = "own",
         train_cfg: TrainConfig = TrainConfig(), max_steps: int | None = None, work: Path | None = None,
         init: Path | None = None, shard_bits: int = 16) -> dict:
     started = time.perf_counter()
@@ -151,11 +151,12 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
         hidden_size, num_layers = probe.cfg.layers.hidden_size, probe.cfg.layers.num_layers
         intermediate_size, num_centroids = probe.cfg.layers.intermediate_sizes[0], probe.cfg.num_centroids
         top_k_clusters, head_from = probe.cfg.top_k_clusters, probe.cfg.head_from
+        table_from = probe.cfg.table_from
     else:
         probe = new_drafter(cfg, hidden_size=hidden_size, num_layers=num_layers, intermediate_size=intermediate_size,
                             num_centroids=num_centroids, top_k_clusters=top_k_clusters, head_from=head_from,
-                            residual=head_from == "target")
-    sources = check_pair(cfg, probe.cfg)
+                            residual=head_from == "target", table_from=table_from)
+    sources = pair(loaded.model, probe)  # a table_from="target" drafter projects the target's embedding from here on
     source_layers = sorted(set(sources.values()))
 
     # 1. corpora -> sequences (train and held-out)
@@ -222,7 +223,7 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
                    "shard_bits": shard_bits, "shard_bytes": sum(p.stat().st_size for ps in shards.values() for p in ps),
                    "drafter": {"hidden_size": hidden_size, "num_layers": num_layers,
                                "intermediate_size": intermediate_size, "num_centroids": num_centroids,
-                               "top_k_clusters": top_k_clusters, "head_from": head_from,
+                               "top_k_clusters": top_k_clusters, "head_from": head_from, "table_from": table_from,
                                "parameters": sum(p.numel() for p in drafter.parameters())},
                    "total_seconds": time.perf_counter() - started})
     save_drafter(drafter, out)

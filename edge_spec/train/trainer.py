@@ -76,7 +76,14 @@ def mtp_loss(drafter: Drafter, tokens: torch.Tensor, hidden: torch.Tensor, kv: d
     Soft cross-entropy against the target's law truncated to its top `TOP_TARGET` tokens (renormalised).
     With cfg.vocab_sample > 0 the drafter's log-softmax runs over a sampled candidate set (all teacher top
     ids of the batch + vocab_sample uniform negatives) instead of the full vocabulary: the head matmul is
-    the bulk of a step, and the clustered head only ever scores a few thousand tokens at run time anyway."""
+    the bulk of a step, and the clustered head only ever scores a few thousand tokens at run time anyway.
+
+    Which vector scores which table follows the drafter's head: head_from "target" scores its projected hidden
+    [Ht] against `table`; head_from "drafter" scores its final-norm state h [Ha] against its own token table
+    (`Drafter.table_rows`: the stored table, or - table_from "target" - the bound target embedding through the
+    learned projection P, so gradients reach P while the target's embedding stays frozen). That table's rows are
+    made once per call (one optimiser step), only the candidate rows under a sampled softmax, and shared by
+    every MTP step."""
     b, t = tokens.shape
     n = t - cfg.steps_ahead  # anchors L = 1 .. n
     pos = torch.arange(1, n + 1)[None].expand(b, n)
@@ -92,9 +99,12 @@ def mtp_loss(drafter: Drafter, tokens: torch.Tensor, hidden: torch.Tensor, kv: d
     cand = None
     if cfg.vocab_sample:
         cand = candidate_set(top_ids, table.shape[0], cfg.vocab_sample)  # [U]
-        head = table16[cand]  # [U, Ht]
+    own_head = drafter.cfg.head_from == "drafter"
+    if own_head:  # the drafter's own table (or P(target embedding)), differentiable, once per step
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            head = drafter.table_rows(cand).to(torch.bfloat16)  # [U or V, Ha]
     else:
-        head = table16
+        head = table16[cand] if cand is not None else table16  # [U or V, Ht]
     prev = hidden[:, 0:n]  # H[L-1]
     total = 0.0
     metrics = []
@@ -102,8 +112,9 @@ def mtp_loss(drafter: Drafter, tokens: torch.Tensor, hidden: torch.Tensor, kv: d
         tok = tokens[:, j:n + j]  # x[L + j - 1]
         ids, p_top = top_ids[j - 1], top_p[j - 1]
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, g = drafter.states(embed[tok] * embed_scale, prev, pos, masks, kv)  # [B, N, Ht]
-        logits = g.to(torch.bfloat16) @ head.T  # [B, N, U or V]
+            h, g = drafter.states(embed[tok] * embed_scale, prev, pos, masks, kv)  # [B, N, Ha], [B, N, Ht]
+        flat = h if own_head else g  # what the head scores, as at run time (Drafter.head)
+        logits = flat.to(torch.bfloat16) @ head.T  # [B, N, U or V]
         lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)  # [B, N, 1]
         cols = torch.searchsorted(cand, ids) if cand is not None else ids
         logq_top = logits.gather(-1, cols).float() - lse
@@ -113,7 +124,7 @@ def mtp_loss(drafter: Drafter, tokens: torch.Tensor, hidden: torch.Tensor, kv: d
         if cluster_of is not None and drafter.masked_embedding is not None:
             c = drafter.cfg.num_centroids
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                cl = drafter.masked_embedding.centroids(g)
+                cl = drafter.masked_embedding.centroids(flat)
             p_cluster = torch.zeros(b, n, c).scatter_add_(2, cluster_of[ids], p_top)
             loss_c = -(p_cluster * F.log_softmax(cl.float(), dim=-1)).sum(-1).mean()
             loss_j = loss_j + cfg.cluster_weight * loss_c
