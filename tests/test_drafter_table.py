@@ -231,3 +231,32 @@ def test_gemma3_270m_sizes_computed_from_its_shape():
     assert tgt["stored_bytes"]["bfloat16"] <= BUDGET_BYTES < tgt["stored_bytes"]["float32"]
     assert own["stored_bytes"]["bfloat16"] > 6 * BUDGET_BYTES
     assert tgt["stored_integer_bytes"] == v * 8  # token_ordering, int64
+
+
+def test_train_drafter_pipeline_with_a_derived_table(tiny_llama, tmp_path):
+    """`train-drafter --head-from drafter --table-from target --save-dtype bfloat16` end to end on a tiny target:
+    the pipeline pairs the drafter (binds the table), trains P, writes P in bf16 and no table."""
+    from edge_spec.train.pipeline import run
+    from edge_spec.train.trainer import TrainConfig
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        (corpus / f"doc_{i}.txt").write_text(" ".join(f"w{int(s) + j}" for s in rng.integers(4, 200, 30)
+                                                      for j in range(6)))
+    loaded = checkpoints.load(str(tiny_llama[0]))
+    out = tmp_path / "drafter"
+    report = run(loaded, out, data=[str(corpus)], max_tokens=12 * 180, hidden_size=32, num_layers=1,
+                 intermediate_size=64, num_centroids=16, top_k_clusters=4, head_from="drafter", table_from="target",
+                 train_cfg=TrainConfig(batch_seqs=2, warmup=2), max_steps=4, save_dtype=torch.bfloat16)
+    assert report["steps"] == 4 and report["drafter"]["table_from"] == "target"
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("table_projection.weight").dtype == torch.bfloat16
+        assert not any("embed_tokens" in k for k in f.keys())
+    drafter = load_drafter(out)
+    fresh = new_drafter(loaded.config, hidden_size=32, num_layers=1, intermediate_size=64, num_centroids=16,
+                        top_k_clusters=4, head_from="drafter", table_from="target")  # the pipeline's initial drafter
+    assert not torch.equal(drafter.table_projection.weight, fresh.table_projection.weight.to(torch.bfloat16).float())
+    pair(loaded.model, drafter)
+    assert drafter.table.shape == (loaded.config.vocab_size, 32)

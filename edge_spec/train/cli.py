@@ -38,6 +38,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--table-from", choices=["own", "target"], default="own",
                     help="with --head-from drafter: the drafter's table stored (own) or derived from the target's "
                          "embedding through a learned projection (target: the checkpoint stores the projection only)")
+    tr.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="dtype of the written weights (bfloat16: half the bytes; read back as float32)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--init", default=None,
                     help="start from this drafter ('builtin' or a folder) instead of a fresh one; its shape wins")
@@ -66,6 +68,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
     from edge_spec.loading.checkpoints import load
     from edge_spec.train.pipeline import run
     from edge_spec.train.trainer import TrainConfig
@@ -83,7 +87,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                  intermediate_size=args.intermediate_size, num_centroids=args.centroids,
                  top_k_clusters=args.top_k_clusters, head_from=args.head_from, table_from=args.table_from,
                  train_cfg=cfg, max_steps=args.max_steps,
-                 work=Path(args.work) if args.work else None, init=init, shard_bits=args.shard_bits)
+                 work=Path(args.work) if args.work else None, init=init, shard_bits=args.shard_bits,
+                 save_dtype=getattr(torch, args.save_dtype))
     print(json.dumps({k: report[k] for k in ("steps", "data", "drafter", "held_out", "total_seconds") if k in report},
                      indent=2, default=float))
     print(f"drafter written to {args.out}", file=sys.stderr)

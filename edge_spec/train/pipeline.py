@@ -137,7 +137,7 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
         max_regen_text: int = 200, hidden_size: int = 256, num_layers: int = 2, intermediate_size: int = 1024,
         num_centroids: int = 1024, top_k_clusters: int = 32, head_from: str = "target", table_from: str = "own",
         train_cfg: TrainConfig = TrainConfig(), max_steps: int | None = None, work: Path | None = None,
-        init: Path | None = None, shard_bits: int = 16) -> dict:
+        init: Path | None = None, shard_bits: int = 16, save_dtype: torch.dtype | None = None) -> dict:
     started = time.perf_counter()
     work = work or out.parent / f"{out.name}.work"
     work.mkdir(parents=True, exist_ok=True)
@@ -226,6 +226,6 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
                                "top_k_clusters": top_k_clusters, "head_from": head_from, "table_from": table_from,
                                "parameters": sum(p.numel() for p in drafter.parameters())},
                    "total_seconds": time.perf_counter() - started})
-    save_drafter(drafter, out)
+    save_drafter(drafter, out, dtype=save_dtype)  # bfloat16: half the bytes (what a committed drafter uses)
     (out / "training_report.json").write_text(json.dumps(report, indent=2, default=float))
     return report
