@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 from safetensors import safe_open
 
 import edge_spec
@@ -16,9 +17,7 @@ from edge_spec.decoding.speculative import generate_speculative
 from edge_spec.errors import CheckpointError
 from edge_spec.loading import checkpoints
 from edge_spec.model.config import kv_layout
-from edge_spec.model.drafter import (Drafter, drafter_config_from_dict, load_drafter, new_drafter, pair,
-                                     save_drafter)
-from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
+from edge_spec.model.drafter import drafter_config_from_dict, load_drafter, new_drafter, pair, save_drafter
 from tests.parity import assert_drafter_matches_eager, prompt_ids
 
 ARGS = dict(hidden_size=32, num_layers=2, intermediate_size=64, num_centroids=16, top_k_clusters=4)
@@ -96,7 +95,7 @@ def test_save_load_round_trip_without_the_table(target, tmp_path):
 def test_unbound_use_is_refused_with_the_fix(target, tmp_path):
     drafter = load_drafter(save_drafter(derived(target), tmp_path / "d"))
     with pytest.raises(CheckpointError, match=r"not paired with a target[\s\S]*bind_target"):
-        drafter.table
+        _ = drafter.table
     backend, session, token, hidden = burst_inputs(target, drafter)
     runner = TorchDrafter(drafter, backend, {"full": target.config.num_layers - 1})  # sources only, no binding
     runner.begin(session.length, session.state.drafter_masks(), session.length)
@@ -135,10 +134,10 @@ def test_onnx_export_round_trip(target, tmp_path):
     """The exporter pairs (binds) the drafter itself; the graph holds the table as an ordinary constant: ORT drafter
     steps == eager, greedy speculative == plain through the ort runtime, and the eager runtime of the bundle agrees."""
     import onnx
+    from edge_spec.exporters.onnx import export_bundle
 
     from edge_spec.api import load_bundle
     from edge_spec.contract.manifest import read_manifest
-    from edge_spec.exporters.onnx import export_bundle
 
     src = save_drafter(derived(target), tmp_path / "d")
     drafter = load_drafter(src)  # unbound: export_bundle must bind it
@@ -253,7 +252,7 @@ def test_train_drafter_pipeline_with_a_derived_table(tiny_llama, tmp_path):
     assert report["steps"] == 4 and report["drafter"]["table_from"] == "target"
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert f.get_tensor("table_projection.weight").dtype == torch.bfloat16
-        assert not any("embed_tokens" in k for k in f.keys())
+        assert not any("embed_tokens" in k for k in f.keys())  # noqa: SIM118 (safe_open is not a dict)
     drafter = load_drafter(out)
     fresh = new_drafter(loaded.config, hidden_size=32, num_layers=1, intermediate_size=64, num_centroids=16,
                         top_k_clusters=4, head_from="drafter", table_from="target")  # the pipeline's initial drafter

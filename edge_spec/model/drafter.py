@@ -101,7 +101,8 @@ def drafter_config_from_dict(d: dict, source: str = "config.json") -> DrafterCon
     if table_from == "target" and head_from != "drafter":
         raise CheckpointError(f"{source}: edge_spec.table_from 'target' needs head_from 'drafter' (a head_from "
                               "'target' drafter has no token table of its own)", "drop table_from or head_from")
-    return DrafterConfig(head_from=head_from, table_from=table_from, residual=bool(ours.get("residual", False)), layers=stack, target_hidden_size=int(d.get("backbone_hidden_size", 1536)), clustered=clustered,
+    return DrafterConfig(head_from=head_from, table_from=table_from, residual=bool(ours.get("residual", False)),
+                         layers=stack, target_hidden_size=int(d.get("backbone_hidden_size", 1536)), clustered=clustered,
                          num_centroids=centroids, top_k_clusters=int(d.get("centroid_intermediate_top_k", 32)),
                          kv_source_layers={k: int(v) for k, v in sources.items()} if sources else None, raw=d)
 
@@ -143,7 +144,7 @@ class ClusteredHead(nn.Module):
 
 
 UNBOUND_FIX = ("pair it with its target first: drafter.bind_target(target.model.embed_tokens.weight), or "
-               "edge_spec.model.drafter.pair(target_model, drafter), which edge-spec's loaders, exporters and trainer call")
+               "edge_spec.model.drafter.pair(target_model, drafter) (edge-spec's loaders, exporters and trainer do)")
 
 
 def _tracing() -> bool:
@@ -177,15 +178,16 @@ class Drafter(nn.Module):
             self.register_buffer(f"inv_freq_{kind}", inv_freq, persistent=False)
 
     # ---- the token table ([V, Ha], head_from == "drafter") ----
-    def bind_target(self, embedding: torch.Tensor) -> "Drafter":
+    def bind_target(self, embedding: torch.Tensor) -> Drafter:
         """Pair with the target's input embedding [V, Ht]: a table_from="target" drafter materializes its table
         embedding @ P^T now (and again by itself whenever P changes, e.g. after training); no-op otherwise."""
         if self.cfg.table_from != "target":
             return self
         want = (self.cfg.vocab_size, self.cfg.target_hidden_size)
         if tuple(embedding.shape) != want:
-            raise CheckpointError(f"the target embedding has shape {tuple(embedding.shape)}, this drafter derives its "
-                                  f"table from one of shape {want}", "pair the drafter with the target it was trained for")
+            raise CheckpointError(f"the target embedding has shape {tuple(embedding.shape)}, this drafter derives "
+                                  f"its table from one of shape {want}",
+                                  "pair the drafter with the target it was trained for")
         object.__setattr__(self, "_target_embedding", embedding)
         self._materialize()
         return self
