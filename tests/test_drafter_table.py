@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 from safetensors import safe_open
 
 import edge_spec
@@ -18,6 +17,7 @@ from edge_spec.errors import CheckpointError
 from edge_spec.loading import checkpoints
 from edge_spec.model.config import kv_layout
 from edge_spec.model.drafter import drafter_config_from_dict, load_drafter, new_drafter, pair, save_drafter
+from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 from tests.parity import assert_drafter_matches_eager, prompt_ids
 
 ARGS = dict(hidden_size=32, num_layers=2, intermediate_size=64, num_centroids=16, top_k_clusters=4)
