@@ -134,10 +134,10 @@ def test_onnx_export_round_trip(target, tmp_path):
     """The exporter pairs (binds) the drafter itself; the graph holds the table as an ordinary constant: ORT drafter
     steps == eager, greedy speculative == plain through the ort runtime, and the eager runtime of the bundle agrees."""
     import onnx
-    from edge_spec.exporters.onnx import export_bundle
 
     from edge_spec.api import load_bundle
     from edge_spec.contract.manifest import read_manifest
+    from edge_spec.exporters.onnx import export_bundle
 
     src = save_drafter(derived(target), tmp_path / "d")
     drafter = load_drafter(src)  # unbound: export_bundle must bind it
