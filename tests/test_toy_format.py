@@ -278,3 +278,15 @@ def test_an_unregistered_format_is_gone():
     with formats.registered(formats.Format("toy2", ("fp32",), kv.BINDING_IO, "toy2-rt", __name__, __name__, "-")):
         assert "toy2-rt" in formats.runtimes()
     assert "toy2" not in formats.FORMATS and "toy2-rt" not in formats.runtimes()
+
+
+def test_a_row_declares_a_known_attention_form():
+    """Every row names the attention form its graphs are traced with; a row naming none of edge_spec.model.forms'
+    forms is refused when it registers."""
+    from edge_spec.model import forms
+
+    assert {f.attention for f in formats.FORMATS.values()} <= set(forms.NAMES)
+    with pytest.raises(ConfigError, match="unknown attention form"):
+        formats.register(formats.Format("toy3", ("fp32",), kv.BINDING_IO, "toy3-rt", __name__, __name__, "-",
+                                        attention="sideways"))
+    assert "toy3" not in formats.FORMATS

@@ -15,6 +15,7 @@ import importlib
 from dataclasses import dataclass
 
 from edge_spec.errors import ConfigError
+from edge_spec.model import forms
 from edge_spec.contract.kv import BINDING_IO, BINDING_STATE
 
 EXPORT, RUN, CHECK = "export", "run", "check"  # where an option goes: the exporter, open_bundle, diagnose
@@ -53,6 +54,9 @@ class Format:
     about: str = ""  # what its artifacts are (--format's help)
     precision_help: str = ""  # what its precisions mean (--quant's help)
     options: tuple[Option, ...] = ()
+    # the attention form its target graphs are traced with (edge_spec.model.forms.NAMES): slots (batch-invariant
+    # slot attention), placed (data movement + 4-D ops, no scatter), state (the program owns the caches)
+    attention: str = "slots"
 
     @property
     def bindings(self) -> tuple[str, ...]:
@@ -78,7 +82,7 @@ FORMATS = {
                         CHECK, switch=True))),
     "executorch": Format(
         "executorch", ("fp32", "8da4w"), BINDING_STATE, "executorch", "edge_spec.exporters.executorch",
-        "edge_spec.runtimes.executorch", "pip install executorch==1.5.1", about="one .pte, XNNPACK",
+        "edge_spec.runtimes.executorch", "pip install executorch==1.5.1", about="one .pte, XNNPACK", attention="state",
         precision_help="fp32 or 8da4w (int8 dynamic activations, int4 weights in groups of 32)"),
     "coreml": Format(
         "coreml", ("fp16", "fp32", "int8", "int4", "int4-channel"), BINDING_IO, "coreml", "edge_spec.exporters.coreml",
@@ -90,7 +94,7 @@ FORMATS = {
     "qnn": Format(
         "qnn", ("16a8w", "8a8w"), BINDING_IO, "qnn", "edge_spec.exporters.qnn", "edge_spec.runtimes.qnn",
         "pip install onnxruntime-qnn==2.7.0", constant_tables=True, fixed_shapes=True,
-        about="static QDQ graphs + context binaries for a Snapdragon HTP",
+        about="static QDQ graphs + context binaries for a Snapdragon HTP", attention="placed",
         precision_help="16a8w (16-bit activations, 8-bit weights, QDQ) or 8a8w",
         options=(Option(("--soc",), "soc", "the Snapdragon SoC the context binaries are compiled for (default sm8650, "
                         "Snapdragon 8 Gen 3 / Galaxy S24)", choices=("sm8350", "sm8450", "sm8550", "sm8650", "sm8750")),
@@ -107,6 +111,9 @@ def register(fmt: Format) -> Format:
     another row (same dest) must have the same flags."""
     if fmt.name in FORMATS:
         raise ConfigError(f"a format named {fmt.name!r} is already registered", "register it under another name")
+    if fmt.attention not in forms.NAMES:
+        raise ConfigError(f"format {fmt.name!r} declares an unknown attention form {fmt.attention!r}",
+                          f"choose one of {', '.join(forms.NAMES)} (edge_spec.model.forms)")
     if fmt.runtime == EAGER_RUNTIME or any(f.runtime == fmt.runtime for f in FORMATS.values()):
         raise ConfigError(f"the runtime name {fmt.runtime!r} is taken", "give the format's runtime its own name")
     for opt in fmt.options:

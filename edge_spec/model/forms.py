@@ -152,3 +152,4 @@ class State(Form):
 
 SPLIT = Split()
 PLACED = Placed()
+NAMES = ("split", "slots", "placed", "state")  # what a format's registry row declares (formats.Format.attention)
