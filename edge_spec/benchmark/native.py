@@ -41,13 +41,15 @@ def runner_path(explicit: str | None = None) -> Path:
     return path
 
 
-def check_format(bundle_format: str, runner: Path) -> None:
-    """Refuse a bundle the runner cannot run: a format it has no backend for, or onnx on an executorch-only build
-    (its formats.txt, written by CMake beside it, says which)."""
+def check_format(bundle_format: str, runner: Path | None = None) -> None:
+    """Refuse a bundle the runner cannot run: a format it has no backend for, or (given the runner) onnx on an
+    executorch-only build (its formats.txt, written by CMake beside it, says which)."""
     if bundle_format not in FORMATS:
         raise ConfigError(f"the native runner runs {' and '.join(FORMATS)} bundles, not {bundle_format!r} ones",
                           "export the bundle with --format executorch or --format onnx, or bench it with its own "
                           "runtime (drop --runtime native)")
+    if runner is None:
+        return
     built = runner.parent / "formats.txt"
     if built.is_file() and bundle_format not in built.read_text().split():
         raise ConfigError(f"{runner} was built without the {bundle_format} backend ({built}: "
@@ -182,7 +184,7 @@ def main(args, prompts: list[dict]) -> int:
     """bench.main for --runtime native (the shared option checks done, `prompts` read)."""
     from edge_spec.cli_options import given_options
     from edge_spec.contract.formats import RUN
-    from edge_spec.contract.manifest import read_manifest
+    from edge_spec.contract.manifest import MANIFEST, read_manifest
     from edge_spec.loading.tokenizer import Tokenizer
 
     if args.bundle is None:
@@ -196,8 +198,12 @@ def main(args, prompts: list[dict]) -> int:
         raise ConfigError(f"--runtime native does not take {', '.join(refused)}",
                           f"drop {', '.join(refused)} (the runner has no such option; bench peers and the Python "
                           "runtimes' options run without --runtime native)")
-    runner_bin = runner_path(args.native_bin)
     bundle = Path(args.bundle).expanduser()
+    try:  # the format first: another format's manifest need not pass this checkout's checks
+        check_format(str(json.loads((bundle / MANIFEST).read_text()).get("format")))
+    except (OSError, ValueError, AttributeError):
+        pass  # no or malformed manifest: read_manifest below says what is wrong
+    runner_bin = runner_path(args.native_bin)
     manifest = read_manifest(bundle, verify_checksums=False)  # the runner verifies the checksums when it opens
     check_format(manifest.format, runner_bin)
     if manifest.drafter is None:
