@@ -54,7 +54,7 @@ def check_format(bundle_format: str, runner: Path | None = None) -> None:
     if built.is_file() and bundle_format not in built.read_text().split():
         raise ConfigError(f"{runner} was built without the {bundle_format} backend ({built}: "
                           f"{built.read_text().strip()})",
-                          "install npm (apt-get install npm) so CMake can fetch onnxruntime's headers, then make native")
+                          "apt-get install npm (CMake fetches onnxruntime's headers with it), then make native")
 
 
 class NativeRunner:
@@ -62,7 +62,7 @@ class NativeRunner:
     summary), `generate` one request."""
 
     def __init__(self, runner: Path, bundle: Path, threads: int | None):
-        self._err = tempfile.TemporaryFile(mode="w+")
+        self._err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (the runner's stderr, open as long as it runs)
         command = [str(runner), "--bundle", str(bundle), "--requests", "-"]
         if threads:
             command += ["--threads", str(threads)]
