@@ -42,13 +42,15 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
+def _add_model(p: argparse.ArgumentParser, native: bool = False) -> None:
     p.add_argument("--model", default=None,
                    help="built-in name (smollm2-135m, gemma3-270m) or a Hugging Face checkpoint folder (default smollm2-135m)")
     p.add_argument("--bundle", default=None,
                    help="an exported bundle folder (edge-spec export) instead of --model; speculative by default "
                         "when it has a drafter (--no-spec for plain)")
-    p.add_argument("--runtime", default=None, choices=list(formats.runtimes()), help=cli_options.runtime_help())
+    p.add_argument("--runtime", default=None, choices=list(formats.runtimes()) + (["native"] if native else []),
+                   help=cli_options.runtime_help() + ("; native: the C++ runner (make native) on executorch and onnx "
+                                                      "bundles" if native else ""))
     cli_options.add_format_options(p, RUN)
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache size in tokens (default min(2048, model max); a bundle's own by default)")
@@ -99,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     from edge_spec.peers import add_arguments as add_peer_arguments
 
     bench = sub.add_parser("bench", help="measure plain vs speculative decoding (+ peers): Markdown, JSON, plot")
-    _add_model(bench)
+    _add_model(bench, native=True)
+    bench.add_argument("--native-bin", default=None,
+                       help="with --runtime native: the edge-spec-run to measure (default $EDGE_SPEC_NATIVE, else "
+                            "build/native/edge-spec-run, which `make native` builds)")
     bench.add_argument("--drafter", default=None, help="with --model: 'builtin' or a drafter folder")
     bench.add_argument("--prompts", default=None,
                        help="JSONL {\"prompt\": ..., \"chat\": true|false} (default: 9 shipped prompts, chat/docs/code)")

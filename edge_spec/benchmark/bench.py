@@ -155,17 +155,24 @@ def measure(engine, prompts: list[dict], *, ks: list[int], temperatures: list[fl
                                 max_new_tokens=max_new_tokens, seed=s, lookup=lookup)
                         bar.update(1)
             bar.close()
+            about = {"runtime": engine.runtime, "precision": engine.manifest.precision if engine.manifest else "fp32",
+                     "min_rows": engine.session.min_rows,
+                     "host_check": engine.exactness.to_json() if engine.exactness is not None else None}
             for (k, ad), tally in spec.items():
-                rows.append(_row(engine, plain, tally, k=k, adaptive=ad, temperature=temperature))
+                rows.append(config_row(about, plain, tally, k=k, adaptive=ad, temperature=temperature))
     finally:
         marks.close()
     return rows
 
 
-def _row(engine, plain: Tally, spec: Tally, *, k: int, adaptive: bool, temperature: float) -> dict:
+def config_row(about: dict, plain: Tally, spec: Tally, *, k: int, adaptive: bool, temperature: float,
+               rss_mb: float | None = None) -> dict:
+    """One configuration's row. `about`: runtime, precision, min_rows (the row mode the host check chose: 1, passes as
+    they are; 2, one-token passes carry a dummy row) and host_check (its JSON, or None); `rss_mb`: the peak RSS of the
+    process that decoded (default this one's)."""
     acceptance = [float(a / d) if d else None for a, d in zip(spec.accepted, spec.drafted)]
     row = {
-        "runtime": engine.runtime, "precision": engine.manifest.precision if engine.manifest else "fp32",
+        "runtime": about["runtime"], "precision": about["precision"],
         "k": "adaptive" if adaptive else k, "k_max": k, "temperature": temperature,
         "plain_tok_s": plain.tok_s, "spec_tok_s": spec.tok_s,
         "speedup": spec.tok_s / plain.tok_s if plain.tok_s else None,
@@ -180,10 +187,8 @@ def _row(engine, plain: Tally, spec: Tally, *, k: int, adaptive: bool, temperatu
         # one plain decode token = one T=1 target call; the drafter-step budget is a fraction of it
         "target_step_ms": 1000 * plain.target_kernel_s / plain.tokens if plain.tokens else None,
         "drafter_step_ms": 1000 * spec.drafter_kernel_s / spec.drafter_calls if spec.drafter_calls else None,
-        "peak_rss_mb": peak_rss_mb(),
-        # the row mode the host check chose (1: passes as they are, 2: one-token passes carry a dummy row)
-        "min_rows": engine.session.min_rows,
-        "host_check": engine.exactness.to_json() if engine.exactness is not None else None,
+        "peak_rss_mb": peak_rss_mb() if rss_mb is None else rss_mb,
+        "min_rows": about["min_rows"], "host_check": about["host_check"],
     }
     if row["target_step_ms"] and row["drafter_step_ms"]:
         row["drafter_step_share"] = row["drafter_step_ms"] / row["target_step_ms"]
@@ -295,13 +300,14 @@ def main(args) -> int:
     from edge_spec.cli_options import given_options
     from edge_spec.contract.formats import RUN
     from edge_spec.peers import from_args as peers_from_args
-    from edge_spec.train.evaluate import read_prompts
 
-    if not args.spec_k or any(k < 1 for k in args.spec_k):
-        raise ConfigError(f"--spec-k values must be >= 1, got {args.spec_k}")
-    if args.repeats < 1:
-        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
-    prompts = read_prompts(Path(args.prompts) if args.prompts else DEFAULT_PROMPTS)[:args.num_prompts]
+    prompts = _check_args(args)
+    if args.runtime == NATIVE:
+        from edge_spec.benchmark.native import main as native_main
+
+        return native_main(args, prompts)
+    if args.native_bin is not None:
+        raise ConfigError("--native-bin applies to --runtime native", "add --runtime native, or drop --native-bin")
     if args.bundle is not None and args.drafter is not None:
         raise ConfigError("--bundle cannot be combined with --drafter (a bundle brings its own)", "drop --drafter")
     engine = load(args.model or "smollm2-135m", drafter=args.drafter if args.bundle is None else None,
@@ -310,11 +316,34 @@ def main(args) -> int:
     runners = peers_from_args(args, engine)
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners, lookup=args.lookup)
-    peers = [r.result() for r in runners]
+    exactness = engine.exactness
+    return report(args, rows, [r.result() for r in runners], len(prompts),
+                  exactness.summary() if exactness is not None else None,
+                  host_exact=exactness.exact if exactness is not None else None)
+
+
+NATIVE = "native"  # --runtime native: the C++ runner (edge_spec/benchmark/native.py)
+
+
+def _check_args(args) -> list[dict]:
+    """The checks every runtime shares; the prompts."""
+    from edge_spec.train.evaluate import read_prompts
+
+    if not args.spec_k or any(k < 1 for k in args.spec_k):
+        raise ConfigError(f"--spec-k values must be >= 1, got {args.spec_k}")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    return read_prompts(Path(args.prompts) if args.prompts else DEFAULT_PROMPTS)[:args.num_prompts]
+
+
+def report(args, rows: list[dict], peers: list[dict], n_prompts: int, exactness: str | None, *,
+           host_exact: bool | None) -> int:
+    """Print the table, write --json / --markdown / --plot, warn, print the summary line; the exit code.
+    `exactness`: the host check's one line; `host_exact`: its verdict (None: not run)."""
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "spin": not args.no_spin,
-            "threads": args.threads or os.cpu_count(), "prompts": len(prompts) * args.repeats,
+            "threads": args.threads or os.cpu_count(), "prompts": n_prompts * args.repeats,
             "max_new_tokens": args.max_new_tokens, "command": "edge-spec " + " ".join(sys.argv[1:]),
-            "exactness": engine.exactness.summary() if engine.exactness is not None else None}
+            "exactness": exactness}
     table = markdown(rows, peers, meta)
     print(table)
     if args.json:
@@ -330,10 +359,10 @@ def main(args) -> int:
     for r in inexact:
         print(f"warning: greedy speculative output differed from plain at k={r['k']} "
               f"({r['greedy_exact_prompts']}/{r['prompts']} prompts identical)", file=sys.stderr)
-    if engine.exactness is not None and not engine.exactness.exact:
-        print(f"warning: {engine.exactness.summary()}", file=sys.stderr)
+    if host_exact is False:
+        print(f"warning: {exactness}", file=sys.stderr)
     print(summary(rows, peers))
-    if args.require_exact and (inexact or (engine.exactness is not None and not engine.exactness.exact)):
+    if args.require_exact and (inexact or host_exact is False):
         print("error: greedy exactness did not hold on this host (--require-exact)", file=sys.stderr)
         return 1
     return 0

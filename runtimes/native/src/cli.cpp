@@ -1,6 +1,9 @@
 // cli.cpp - `edge-spec-run`: the bundle's draft-verify loop from the command line, with the flags and the stats lines
 // of `edge-spec generate`. Until the C++ tokenizer is built in, prompts are token ids (--prompt-ids) and the output
 // is ids; --json prints one machine-readable line (the tests compare it with the Python runtime's tokens).
+// --requests - opens the bundle once and then reads generation requests from stdin, one per line (the generation
+// flags below, e.g. `--prompt-ids 1,2,3 --spec-k 2 --fixed-k --max-new-tokens 64`), printing one --json line each
+// after a first line with the host check's verdict: what `edge-spec bench --runtime native` drives.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +39,8 @@ const char* const USAGE =
     "  --fresh-check           probe again even when a cached verdict exists\n"
     "  --json                  print one JSON line (tokens, stats) instead of the text\n"
     "  --quiet                 print only the final text / ids, no streaming\n"
+  "  --requests -            open once, then one generation per stdin line (its flags; --prompt-ids), one --json\n"
+  "                          line each, after a first line {runtime, host_check, min_rows} (a driver's protocol)\n"
     "tests only:\n"
     "  --test-oracle-drafts IDS --test-wrong never|always|third|random\n"
     "                          replace the drafter by one proposing IDS (the known continuation), wrong where told\n";
@@ -68,11 +73,13 @@ std::string ids_json(const std::vector<int64_t>& ids) {
 struct Args {
   std::string bundle, prompt, prompt_ids, oracle_ids, wrong = "never";
   bool has_prompt = false, has_ids = false, chat = false, json = false, quiet = false, check = false;
+  bool requests = false;  // --requests -: generation requests on stdin
   es::OpenOptions open;
   es::GenerateOptions gen;
 };
 
-Args parse(int argc, char** argv) {
+// `request`: one line of --requests (generation flags only; no --bundle)
+Args parse(int argc, char** argv, bool request = false) {
   Args a;
   a.gen.adaptive = true;  // as `edge-spec generate`
   for (int i = 1; i < argc; ++i) {
@@ -112,12 +119,21 @@ Args parse(int argc, char** argv) {
     else if (f == "--fresh-check") a.open.fresh_check = true;
     else if (f == "--json") a.json = true;
     else if (f == "--quiet") a.quiet = true;
+    else if (f == "--requests" && !request) {
+      if (value() != "-") usage_error("--requests takes '-' (the requests come on stdin)");
+      a.requests = true;
+    }
     else if (f == "--test-oracle-drafts") a.oracle_ids = value();
     else if (f == "--test-wrong") a.wrong = value();
     else usage_error("unknown option " + f);
   }
-  if (a.bundle.empty()) usage_error("--bundle is required");
-  if (!a.check && a.has_prompt == a.has_ids) usage_error("pass exactly one of --prompt and --prompt-ids");
+  if (request) {
+    if (!a.has_ids || a.has_prompt) usage_error("a --requests line needs --prompt-ids (and no --prompt)");
+  } else if (a.bundle.empty()) {
+    usage_error("--bundle is required");
+  } else if (!a.check && !a.requests && a.has_prompt == a.has_ids) {
+    usage_error("pass exactly one of --prompt and --prompt-ids");
+  }
   if (!a.oracle_ids.empty()) a.gen.oracle = es::OracleDrafts{parse_ids(a.oracle_ids), a.wrong};
   return a;
 }
@@ -126,6 +142,81 @@ std::string read_stdin() {
   std::ostringstream ss;
   ss << std::cin.rdbuf();
   return ss.str();
+}
+
+template <typename T>
+std::string list_json(const std::vector<T>& xs) {
+  std::string out = "[";
+  for (size_t i = 0; i < xs.size(); ++i) out += (i ? "," : "") + std::to_string(xs[i]);
+  return out + "]";
+}
+
+// Kernel clocks (target, drafter) read at the first token, i.e. right after the prefill: decode's share of them.
+struct KernelMarks {
+  double target_at_first = 0, drafter_at_first = 0;
+};
+
+double drafter_clock(es::Engine& engine) { return engine.drafter() ? engine.drafter()->kernel_s : 0.0; }
+
+// The --json line of one generation (no closing brace: the caller may add the text).
+std::string result_json(es::Engine& engine, const es::Generation& g, const KernelMarks& marks) {
+  const es::GenerationResult& r = g.result;
+  const es::SpecStats& s = r.spec;
+  double k_mean = 0;
+  for (int k : s.k_chosen) k_mean += k;
+  if (!s.k_chosen.empty()) k_mean /= double(s.k_chosen.size());
+  return "{\"tokens\":" + ids_json(r.tokens) + ",\"prompt_tokens\":" + std::to_string(r.prompt_tokens) +
+         ",\"stop\":" + es::json_quote(r.stop_reason) + ",\"speculative\":" + (r.speculative ? "true" : "false") +
+         ",\"target_passes\":" + std::to_string(r.target_passes) +
+         ",\"tau\":" + std::to_string(r.speculative ? s.tau() : 1.0) +
+         ",\"lookup_passes\":" + std::to_string(s.lookup_passes) + ",\"prefill_s\":" + std::to_string(r.prefill_s) +
+         ",\"total_s\":" + std::to_string(r.total_s) + ",\"decode_tok_s\":" + std::to_string(r.decode_tok_s()) +
+         ",\"emitted\":" + std::to_string(s.emitted_by_passes) + ",\"drafter_calls\":" + std::to_string(s.drafter_calls) +
+         ",\"drafted\":" + list_json(s.drafted) + ",\"accepted\":" + list_json(s.accepted) +
+         ",\"k_chosen_mean\":" + (s.k_chosen.empty() ? std::string("null") : std::to_string(k_mean)) +
+         // kernel seconds after the first token (the decode's), as edge-spec bench splits the Python runtimes' time
+         ",\"target_kernel_s\":" + std::to_string(engine.session().backend.kernel_s - marks.target_at_first) +
+         ",\"drafter_kernel_s\":" + std::to_string(drafter_clock(engine) - marks.drafter_at_first) +
+         ",\"notice\":" + es::json_quote(g.notice) +
+         ",\"host_check\":" + (engine.exactness() ? es::json_quote(engine.exactness()->label()) : "\"skipped\"");
+}
+
+// --requests -: the host check's verdict first, then one JSON line per stdin line (a request's own error is a
+// {"error": ...} line; the loop goes on).
+int serve(es::Engine& engine) {
+  const auto& hc = engine.exactness();
+  std::printf("{\"runtime\":%s,\"min_rows\":%d,\"host_check\":%s,\"host_check_summary\":%s}\n",
+              es::json_quote(engine.runtime_name()).c_str(), engine.session().min_rows,
+              hc ? hc->to_json().c_str() : "null", hc ? es::json_quote(hc->summary()).c_str() : "null");
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream words(line);
+    std::vector<std::string> argv_s = {"edge-spec-run"};
+    for (std::string w; words >> w;) argv_s.push_back(w);
+    if (argv_s.size() == 1) continue;
+    std::vector<char*> argv;
+    for (auto& w : argv_s) argv.push_back(&w[0]);
+    Args a = parse(int(argv.size()), argv.data(), true);
+    try {
+      KernelMarks marks;
+      bool first = true;
+      auto on_token = [&](int64_t) {
+        if (first) {
+          marks.target_at_first = engine.session().backend.kernel_s;
+          marks.drafter_at_first = drafter_clock(engine);
+          first = false;
+        }
+        return true;
+      };
+      es::Generation g = engine.generate(parse_ids(a.prompt_ids), a.gen, on_token);
+      std::printf("%s}\n", result_json(engine, g, marks).c_str());
+    } catch (const es::Error& err) {
+      std::printf("{\"error\":%s}\n", es::json_quote(err.what()).c_str());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -140,6 +231,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "[%s]\n", hc.summary().c_str());
       return 0;
     }
+    if (a.requests) return serve(*engine);
     std::unique_ptr<es::TextCodec> text;
     std::vector<int64_t> prompt;
     if (a.has_ids) {
@@ -152,7 +244,14 @@ int main(int argc, char** argv) {
     }
     std::unique_ptr<es::TextStream> stream(text ? text->stream() : nullptr);
     const bool live = !a.json && !a.quiet;
+    KernelMarks marks;
+    bool first = true;
     auto on_token = [&](int64_t token) {
+      if (first) {
+        marks.target_at_first = engine->session().backend.kernel_s;
+        marks.drafter_at_first = drafter_clock(*engine);
+        first = false;
+      }
       if (live && !engine->stop_ids().count(token)) {
         std::string piece = stream ? stream->push(int32_t(token)) : std::to_string(token) + " ";
         std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -166,15 +265,7 @@ int main(int argc, char** argv) {
     for (int64_t t : r.tokens)
       if (!engine->stop_ids().count(t)) shown.push_back(t);
     if (a.json) {
-      std::string out = "{\"tokens\":" + ids_json(r.tokens) + ",\"prompt_tokens\":" + std::to_string(r.prompt_tokens) +
-                        ",\"stop\":" + es::json_quote(r.stop_reason) + ",\"speculative\":" +
-                        (r.speculative ? "true" : "false") + ",\"target_passes\":" + std::to_string(r.target_passes) +
-                        ",\"tau\":" + std::to_string(r.speculative ? r.spec.tau() : 1.0) +
-                        ",\"lookup_passes\":" + std::to_string(r.spec.lookup_passes) +
-                        ",\"prefill_s\":" + std::to_string(r.prefill_s) + ",\"total_s\":" + std::to_string(r.total_s) +
-                        ",\"decode_tok_s\":" + std::to_string(r.decode_tok_s()) +
-                        ",\"notice\":" + es::json_quote(g.notice) +
-                        ",\"host_check\":" + (engine->exactness() ? es::json_quote(engine->exactness()->label()) : "\"skipped\"");
+      std::string out = result_json(*engine, g, marks);
       if (text) out += ",\"text\":" + es::json_quote(text->decode(shown));
       std::printf("%s}\n", out.c_str());
     } else {

@@ -66,6 +66,7 @@ class Engine {
   const Manifest& manifest() const { return manifest_; }
   const std::string& folder() const { return folder_; }
   bool has_drafter() const { return drafter_ != nullptr; }
+  DrafterBackend* drafter() { return drafter_.get(); }  // null without one (its kernel clock: the CLI's --json)
   const std::set<int64_t>& stop_ids() const { return stop_ids_; }
   const std::optional<HostCheck>& exactness() const { return exactness_; }
   std::string runtime_name() const { return "native-" + manifest_.format; }
