@@ -31,12 +31,14 @@ SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_native.py": "tiny-pte",
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which turns the group marks into scopes
 def pytest_collection_modifyitems(config, items):
     """Mark every test that uses a real fixture `real` (tiers follow from the fixtures, not from labels), and
-    group tests by file for pytest-xdist."""
+    group tests by file for pytest-xdist (a test that names its group keeps it: tests/test_contract.py's rows join
+    the group of the per-format file that builds the same bundles)."""
     for item in items:
         if REAL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real)
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, name)))
+        if item.get_closest_marker("xdist_group") is None:
+            name = item.path.name
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, name)))
 
 
 @pytest.fixture(scope="session")
@@ -51,31 +53,28 @@ def tiny_gemma4(tmp_path_factory):
     return folder, save_reference(gemma4_config(), folder)
 
 
-# ---- tiny ExecuTorch bundles, exported once per session (the Python runtime's, the native runner's, the apps' tests)
-def _tiny_pte(folder, tmp_path_factory, name: str, **export_args):
-    """(bundle folder, target, drafter) as tests/test_onnx.tiny_drafter builds the drafter (seeded)."""
-    from edge_spec.loading import checkpoints
-    from edge_spec.exporters.executorch import export_bundle
-    from tests.test_onnx import tiny_drafter
+# ---- tiny bundles of every format, each exported once per session (per xdist worker) --------------------------------
+@pytest.fixture(scope="session")
+def tiny_bundles(tiny_llama, tiny_gemma4, tmp_path_factory):
+    """tests/contract.BundleFactory: `tiny_bundles.get(format, family[, binding])` -> (folder, target, drafter),
+    exported on first use. Tests that share a bundle must share an xdist group (tests/contract.Row.group)."""
+    from tests.contract import BundleFactory
 
-    target = checkpoints.load(str(folder))
-    drafter = tiny_drafter(target.config, **export_args.pop("drafter_args"))
-    out = export_bundle(target, tmp_path_factory.mktemp("tiny-pte") / name, drafter=drafter, **export_args)
-    return out, target, drafter
+    return BundleFactory(tmp_path_factory, {"llama": tiny_llama[0], "gemma": tiny_gemma4[0]})
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_pte_pair(tiny_llama, tmp_path_factory):
-    """Tiny llama + a clustered drafter scoring with the target's (tied) table, as one .pte."""
-    return _tiny_pte(tiny_llama[0], tmp_path_factory, "llama", drafter_args=dict(head_from="target"), max_context=160)
+def tiny_llama_pte_pair(tiny_bundles):
+    """Tiny llama + a clustered drafter scoring with the target's (tied) table, as one .pte (the Python runtime's,
+    the native runner's and the apps' tests)."""
+    return tiny_bundles.get("executorch", "llama")
 
 
 @pytest.fixture(scope="session")
-def tiny_gemma4_pte_pair(tiny_gemma4, tmp_path_factory):
+def tiny_gemma4_pte_pair(tiny_bundles):
     """Tiny Gemma-4 (sliding rings of 6 + 9 = 15 slots, KV sharing, per-layer inputs, tanh GELU) + a dense-head
     drafter, as one .pte."""
-    return _tiny_pte(tiny_gemma4[0], tmp_path_factory, "gemma", drafter_args=dict(clustered=False), max_context=96,
-                     max_pass=9)
+    return tiny_bundles.get("executorch", "gemma")
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,12 @@ MIL reference executor (runtimes/coreml_mil.py, EDGE_SPEC_COREML_EXECUTOR=mil) t
 Backend (padding to fixed pass lengths, cache writes, drafter feeds). What this cannot show: speed and device
 placement on a Mac, and whether the Mac's kernels are batch-invariant (the host check measures that there).
 
-Tiny random checkpoints (tests/tiny.py); each bundle is converted once per module (~1 min: 5 target functions + the
-drafter step).
+What only Core ML has stays here: the multifunction package, pad rows, the MLState binding's states, compression,
+the executor. Parity with eager (`io` and `--kv state`), verify rows == decode steps, speculative == plain, rejected
+drafts, wrong drafters, damaged packages and `generate` are tests/test_contract.py's, over every format.
+
+Tiny random checkpoints (tests/tiny.py); the fp32 packages come from the session's factory (tests/contract.py, shared
+with the contract suite; ~1-3 min each: 5 target functions + the drafter step).
 """
 
 import json
@@ -13,7 +17,6 @@ import platform
 import numpy as np
 import pytest
 
-from edge_spec.loading import checkpoints
 from edge_spec.contract import kv
 from edge_spec.api import load_bundle
 from edge_spec.contract.backend import Session
@@ -21,19 +24,13 @@ from edge_spec.cli import main
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.exporters.coreml import DRAFTER_FUNCTION, PACKAGE, export_bundle, target_function
 from edge_spec.runtimes.fixed import pass_lengths
-from edge_spec.decoding.generate import generate_plain
 from edge_spec.contract.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes import coreml_mil
 from edge_spec.runtimes.fixed import pad_mask, slot_feeds
 from edge_spec.runtimes.coreml import EXECUTOR_ENV
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.decoding.sampling import SamplingParams
-from edge_spec.decoding.speculative import generate_speculative
-from tests.parity import assert_drafter_matches_eager, assert_target_matches_eager, chunked_logits, prompt_ids
-from tests.test_executorch import OracleDrafter
-from tests.test_onnx import differing_windows, host_checked_session, tiny_drafter
-
-GREEDY = SamplingParams()
+from tests.contract import differing_windows, round_kv_to_fp16
+from tests.parity import assert_drafter_matches_eager, chunked_logits, prompt_ids
 
 
 @pytest.fixture(autouse=True)
@@ -42,34 +39,16 @@ def mil_executor(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_llama, tmp_path_factory):
-    """Tiny llama + a clustered drafter scoring with the target's (tied) table; fp32 compute."""
-    target = checkpoints.load(str(tiny_llama[0]))
-    drafter = tiny_drafter(target.config, head_from="target")
-    folder = export_bundle(target, tmp_path_factory.mktemp("cm") / "llama", drafter=drafter, precision="fp32",
-                           max_context=160, max_draft_len=4, max_pass=9)
-    return folder, target, drafter
+def llama(tiny_bundles):
+    """Tiny llama + a clustered drafter scoring with the target's (tied) table; fp32 compute, passes of 1, 2, 3, 5, 9
+    tokens, context 160 (tests/contract.py)."""
+    return tiny_bundles.get("coreml", "llama", "io")
 
 
 @pytest.fixture(scope="module")
-def gemma(tiny_gemma4, tmp_path_factory):
+def gemma(tiny_bundles):
     """Tiny Gemma-4 (sliding rings of 6 + 9 - 1 = 14 slots, KV sharing, per-layer inputs) + a dense-head drafter."""
-    target = checkpoints.load(str(tiny_gemma4[0]))
-    drafter = tiny_drafter(target.config, clustered=False)
-    folder = export_bundle(target, tmp_path_factory.mktemp("cm") / "gemma", drafter=drafter, precision="fp32",
-                           max_context=96, max_draft_len=4, max_pass=9)
-    return folder, target, drafter
-
-
-@pytest.fixture(params=["llama", "gemma"])
-def pair(request):
-    return request.getfixturevalue(request.param)
-
-
-@pytest.fixture(params=["llama", "gemma", "llama_state", "gemma_state"])
-def any_binding(request):
-    """The tiny pairs as `io` packages and as `--kv state` packages (the state fixtures are below)."""
-    return request.getfixturevalue(request.param)
+    return tiny_bundles.get("coreml", "gemma", "io")
 
 
 # ---- the package ------------------------------------------------------------------------------------
@@ -122,91 +101,29 @@ def test_slot_feeds_give_pad_rows_the_last_real_rows_view_and_write_nothing():
     assert index.tolist() == [0, 1, 6, 7, 4, 5]  # slots 2, 3 take real rows 0, 1; pad rows (8, 9) go nowhere
 
 
-# ---- parity (the package as saved, executed op by op) ---------------------------------------------------
-def test_target_logits_match_eager_through_commits_and_rewinds(pair):
-    """fp32 programs <= 1e-4 of eager (tests/parity.py), with chunked prefill, passes padded to the fixed lengths,
-    random accepted prefixes, rewinds and a reset."""
-    assert_target_matches_eager(pair[0], pair[1])
-
-
-def test_drafter_steps_match_eager(pair):
-    """The drafter function fed the runtime's caches: same candidates (the clustered head's selection included),
-    logits and next hidden as the eager drafter."""
-    assert_drafter_matches_eager(*pair)
-
-
-# ---- exactness ----------------------------------------------------------------------------------------
-def test_verify_rows_are_bit_identical_to_decode_steps(any_binding):
-    """Through the executor (every sum in k order) a padded verify pass gives the bits of one-token steps, across
-    (gemma) ring wraps: the package's attention keeps every key in its slot, and pad rows change nothing (`state`:
-    they write only the spare slot)."""
-    session = host_checked_session(any_binding[0])
-    windows = ((58, 6), (61, 5), (40, 2), (64, 4), (26, 9))
-    assert differing_windows(session, prompt_ids(90, seed=5), windows) == []
-
-
+# ---- exactness (verify rows, speculative == plain, rejections: tests/test_contract.py) ---------------------
 def test_the_exactness_test_fails_when_sums_depend_on_shapes(llama, monkeypatch):
     """Negative control: with BLAS matmuls (kernels chosen by shape) the same package is not batch-invariant and
-    the host check says so, so the test above can fail."""
+    the host check says so, so tests/test_contract.py's verify-rows test can fail."""
     monkeypatch.setattr(coreml_mil, "_rows_matmul", lambda x, w: np.matmul(x.astype(np.float32), w.astype(np.float32)))
     engine = load_bundle(llama[0], host_check=False)
     assert differing_windows(engine.session, prompt_ids(90, seed=5), ((58, 6), (61, 5), (40, 3))) != []
     assert not engine.check_host(cache=False).exact
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
-def test_speculative_greedy_equals_plain_greedy(any_binding, k):
-    engine = load_bundle(any_binding[0])
-    ids = prompt_ids(9, seed=1)
-    plain = engine.generate(ids, max_new_tokens=30, speculative=False)
-    spec = engine.generate(ids, max_new_tokens=30, spec_k=k, lookup=False)
-    assert spec.tokens == plain.tokens and "spec" in spec.extra
-
-
-@pytest.mark.parametrize("binding", ["io", "state"])
-@pytest.mark.parametrize("wrong", ["always", "every third", "random"])
-def test_rejections_and_rewinds_never_change_the_output(request, binding, wrong):
-    """Whatever the drafter proposes, greedy speculative output through the package equals plain greedy output,
-    over 60 tokens that wrap the rings (14 slots; `state`: 15, with every verify pass writing its rejected drafts
-    into them) many times."""
-    session = load_bundle(request.getfixturevalue("gemma" if binding == "io" else "gemma_state")[0]).session
-    prompt = prompt_ids(11, seed=1)
-    expected = generate_plain(session, prompt, max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0),
-                              stop_ids=frozenset()).tokens
-    rng = np.random.default_rng(7)
-    rule = {"always": lambda p: True, "every third": lambda p: p % 3 == 0, "random": lambda p: rng.random() < 0.4}[wrong]
-    out = generate_speculative(session, OracleDrafter(expected, len(prompt), rule), prompt, max_new_tokens=60,
-                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
-    assert out.tokens == expected
-
-
 # ---- the state binding (MLState) ---------------------------------------------------------------------
 STATE_TOL = 2e-2  # fp16 states (Core ML's only state type) vs eager fp32, of the logits' scale (measured: see below)
-# vs eager with fp16-rounded keys / values, max abs: the two round some of the same fp32 values (1 ulp apart) to
-# neighbouring fp16 ones; measured 6.9e-4 on the tiny Gemma-4 (whose logits move 5e-3 from fp16 keys at all)
-STATE_REF_TOL = 2e-3
-
-
-def _state_bundle(pair, name, max_context):
-    """The io fixture's pair exported again with --kv state (same lengths, context); prints time and size."""
-    import time
-
-    _, target, drafter = pair
-    start = time.perf_counter()
-    folder = export_bundle(target, pair[0].parent / name, drafter=drafter, precision="fp32", max_context=max_context,
-                           max_draft_len=4, max_pass=9, binding="state")
-    print(f"\n{name}: fp32 --kv state export {time.perf_counter() - start:.0f} s, package {_package_mb(folder):.1f} MB")
-    return folder, target, drafter
 
 
 @pytest.fixture(scope="module")
-def llama_state(llama):
-    return _state_bundle(llama, "llama-state", 160)
+def llama_state(tiny_bundles):
+    """The llama pair exported again with --kv state (same lengths, context; tests/contract.py)."""
+    return tiny_bundles.get("coreml", "llama", "state")
 
 
 @pytest.fixture(scope="module")
-def gemma_state(gemma):
-    return _state_bundle(gemma, "gemma-state", 96)
+def gemma_state(tiny_bundles):
+    return tiny_bundles.get("coreml", "gemma", "state")
 
 
 @pytest.fixture(params=["llama_state", "gemma_state"])
@@ -242,43 +159,17 @@ def test_state_package_declares_one_set_of_states(gemma_state):
     assert functions["target_5"].inputs["mask_sliding"][0] == (1, 1, 5, 32)
 
 
-def _round_kv(monkeypatch):
-    """Eager attention with every new key and value rounded to fp16 before it is used or cached, as the states hold
-    them: the reference a `--kv state` package matches to the fp32 tolerance."""
-    from edge_spec.model.forms import Pass
-
-    attend = Pass.attend
-
-    def rounded(self, layer, i, q, k, v, *rest):
-        return attend(self, layer, i, q, *(None if x is None else x.half().to(x.dtype) for x in (k, v)), *rest)
-
-    monkeypatch.setattr(Pass, "attend", rounded)
-
-
-@pytest.fixture
-def fp16_kv(monkeypatch):
-    _round_kv(monkeypatch)
-
-
-def test_state_target_and_drafter_match_eager_with_fp16_caches(state_pair, fp16_kv):
-    """Through commits, rejected rows left in the states, rewinds and a reset: the target within STATE_REF_TOL of eager
-    with fp16-rounded keys and values, and the drafter function reading the target's state (one state object shared by
-    the functions) gives that eager drafter's candidates."""
-    assert_target_matches_eager(state_pair[0], state_pair[1], tol=STATE_REF_TOL)
-    assert_drafter_matches_eager(*state_pair, tol=STATE_REF_TOL)
-
-
 def test_state_gap_to_fp32_eager_is_the_fp16_rounding_of_the_caches(state_pair, monkeypatch):
     """Against plain fp32 eager the package is STATE_TOL of the logits' scale off, and all of it is the fp16 states:
     against eager with fp16-rounded keys and values the gap is > 4x smaller (llama: 400x; the tiny Gemma-4 7.6x,
-    see STATE_REF_TOL)."""
+    see tests/contract.STATE_REF_TOL, the tolerance of its parity there)."""
     _, target, _ = state_pair
     engine = load_bundle(state_pair[0], host_check=False)
     layout = engine.session.state.layout
     ids = prompt_ids(40, seed=11)
     ours = chunked_logits(engine.session, ids, 1)
     plain = chunked_logits(Session(TorchBackend(target.model, layout)), ids, 1)
-    _round_kv(monkeypatch)
+    round_kv_to_fp16(monkeypatch)
     rounded = chunked_logits(Session(TorchBackend(target.model, layout)), ids, 1)
     scale = np.abs(plain).max()
     gap, rest = np.abs(ours - plain).max(), np.abs(ours - rounded).max()
@@ -376,20 +267,12 @@ def test_bad_executor_compute_units_and_provider_are_refused(llama, monkeypatch)
         load_bundle(llama[0])
 
 
-def test_a_damaged_package_names_the_file(llama, tmp_path):
+def test_a_manifest_without_fixed_lengths_is_refused(llama, tmp_path):
+    """(Damaged files, the package's included: tests/test_contract.py.)"""
     import shutil
 
     dst = tmp_path / "bundle"
     shutil.copytree(llama[0], dst)
-    model = dst / PACKAGE / "Data" / "com.apple.CoreML" / "model.mlmodel"
-    model.write_bytes(model.read_bytes()[:100])
-    with pytest.raises(BundleError, match=r"model\.mlmodel is truncated"):
-        load_bundle(dst)
-    from tests.test_executorch import _rehash
-
-    _rehash(dst, PACKAGE + "/Data/com.apple.CoreML/model.mlmodel")  # checksums re-recorded: only coremltools can tell
-    with pytest.raises(BundleError, match=r"program\.mlpackage: coremltools cannot read this package"):
-        load_bundle(dst)
     raw = json.loads((dst / MANIFEST).read_text())
     del raw["graphs"]["target"]["fixed"]
     (dst / MANIFEST).write_text(json.dumps(raw))
@@ -398,10 +281,9 @@ def test_a_damaged_package_names_the_file(llama, tmp_path):
 
 
 def test_cli_export_and_generate(tiny_llama, tmp_path, capsys):
+    """Export through the CLI at its default precision, fp16, and generate (another format's precision refused:
+    tests/test_contract.py)."""
     out = tmp_path / "cm"
-    assert main(["export", "--model", str(tiny_llama[0]), "--format", "coreml", "--quant", "8da4w",
-                 "--out", str(out)]) == 2
-    assert "no precision '8da4w'" in capsys.readouterr().err and not out.exists()
     assert main(["export", "--model", str(tiny_llama[0]), "--drafter", "none", "--format", "coreml",
                  "--max-context", "64", "--max-draft-len", "2", "--max-pass", "3", "--out", str(out)]) == 0
     assert "coreml fp16" in capsys.readouterr().err

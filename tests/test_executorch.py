@@ -1,7 +1,11 @@
 """ExecuTorch export + runtime: one .pte, target and drafter methods sharing the KV buffers (the `state` binding).
+What only this format has: the program's manifest, its methods, 8da4w. Parity with eager, verify rows == decode
+steps, speculative == plain, rejected drafts written into the state, wrong drafters, damaged programs and the CLI
+are tests/test_contract.py's, over every format.
 
-Tiny random checkpoints (tests/tiny.py); each bundle is exported once per module (a tiny export takes ~1 min: most
-of it XNNPACK's lowering of each delegated partition).
+Tiny random checkpoints (tests/tiny.py); the fp32 .pte bundles come from the session's factory (tests/contract.py,
+shared with the contract suite, the native runner's and the apps' tests; a tiny export takes ~1 min: most of it
+XNNPACK's lowering of each delegated partition).
 """
 
 import json
@@ -9,22 +13,14 @@ import json
 import numpy as np
 import pytest
 
-from edge_spec.loading import checkpoints
 from edge_spec.contract import kv
 from edge_spec.api import load_bundle
-from edge_spec.contract.backend import DraftStep, Session
-from edge_spec.cli import main
+from edge_spec.contract.backend import Session
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.exporters.executorch import DRAFTER_METHOD, PROGRAM_FILE, TARGET_METHOD, export_bundle
-from edge_spec.decoding.generate import generate_plain
-from edge_spec.contract.manifest import MANIFEST, read_manifest, sha256_file
+from edge_spec.contract.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.decoding.sampling import SamplingParams
-from edge_spec.decoding.speculative import generate_speculative
-from tests.parity import assert_drafter_matches_eager, assert_target_matches_eager, prompt_ids
-from tests.test_onnx import differing_windows, host_checked_session, tiny_drafter
-
-GREEDY = SamplingParams()
+from tests.parity import assert_drafter_matches_eager, prompt_ids
 
 
 @pytest.fixture(scope="module")
@@ -39,36 +35,6 @@ def gemma(tiny_gemma4_pte_pair):
     return tiny_gemma4_pte_pair
 
 
-@pytest.fixture(params=["llama", "gemma"])
-def pair(request):
-    return request.getfixturevalue(request.param)
-
-
-def parts(folder):
-    engine = load_bundle(folder, threads=2)
-    return engine.session.backend, engine.drafter, engine
-
-
-class OracleDrafter:
-    """Proposes the known greedy continuation, wrong where `wrong(position)` says: always right, always wrong,
-    every third wrong, or at random - accepted bursts, rejected ones, rewrites of rejected slots."""
-
-    def __init__(self, continuation, prompt_len, wrong):
-        self.continuation, self.prompt_len, self.wrong = continuation, prompt_len, wrong
-
-    def begin(self, position, masks, n_cached):
-        self.position, self.offset = position, 0
-
-    def step(self, token, hidden):
-        self.offset += 1
-        pos = self.position + self.offset
-        i = pos - self.prompt_len
-        tok = self.continuation[i] if 0 <= i < len(self.continuation) else 4
-        if self.wrong(pos):
-            tok = 4 + (tok + 1) % 300
-        return DraftStep(np.array([tok]), np.array([1.0], dtype=np.float32), hidden)
-
-
 # ---- the bundle --------------------------------------------------------------------------------------
 def test_manifest_records_one_program_with_two_methods_and_state_rings(llama, gemma):
     m = read_manifest(llama[0])
@@ -81,64 +47,7 @@ def test_manifest_records_one_program_with_two_methods_and_state_rings(llama, ge
     assert g.layout.max_pass == 9 and g.layout.slots(kv.SLIDING) == 6 + 9  # W + max_pass under `state`
 
 
-# ---- parity ---------------------------------------------------------------------------------------
-def test_target_logits_match_eager_through_commits_and_rewinds(pair):
-    """The program writes every row of a pass (rejected ones too); KVState's masks hide the unaccepted ones."""
-    assert_target_matches_eager(pair[0], pair[1], threads=2)
-
-
-def test_drafter_steps_match_eager(pair):
-    """The drafter method reads, in place, the cache buffers the target method wrote."""
-    assert_drafter_matches_eager(*pair, threads=2)
-
-
-# ---- exactness ----------------------------------------------------------------------------------
-def test_verify_rows_are_bit_identical_to_decode_steps(pair):
-    """XNNPACK picks microkernels per CPU too: the host check decides the row mode, and in it a verify pass gives
-    the same bits as one-token steps, across bucket edges and (gemma) ring wraps."""
-    folder = pair[0]
-    session = host_checked_session(folder)
-    windows = ((58, 6), (61, 5), (40, 2), (64, 4), (26, 9)) if session.state.layout.max_pass == 9 else \
-        ((58, 6), (61, 5), (40, 2), (64, 4), (120, 9))
-    assert differing_windows(session, prompt_ids(130, seed=5), windows) == []
-
-
-@pytest.mark.parametrize("k", [1, 2, 4])
-def test_speculative_greedy_equals_plain_greedy(pair, k):
-    folder = pair[0]
-    engine = load_bundle(folder, threads=2)
-    ids = prompt_ids(9, seed=1)
-    plain = engine.generate(ids, max_new_tokens=40, speculative=False)
-    spec = engine.generate(ids, max_new_tokens=40, spec_k=k)
-    assert spec.tokens == plain.tokens and "spec" in spec.extra
-
-
-@pytest.mark.parametrize("wrong", ["never", "always", "every third", "random"])
-def test_rejected_drafts_written_into_the_state_never_change_later_tokens(gemma, wrong):
-    """The program writes rejected drafts into its caches (rings included); whatever the drafter proposes, greedy
-    speculative output through the program equals plain greedy output, over 70 tokens that wrap 15-slot rings."""
-    session = load_bundle(gemma[0], threads=2).session
-    prompt = prompt_ids(11, seed=1)
-    expected = generate_plain(session, prompt, max_new_tokens=70, params=GREEDY, rng=np.random.default_rng(0),
-                              stop_ids=frozenset()).tokens
-    rng = np.random.default_rng(7)
-    rule = {"never": lambda p: False, "always": lambda p: True, "every third": lambda p: p % 3 == 0,
-            "random": lambda p: rng.random() < 0.4}[wrong]
-    out = generate_speculative(session, OracleDrafter(expected, len(prompt), rule), prompt, max_new_tokens=70,
-                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
-    assert out.tokens == expected
-    tau = out.extra["spec"].tau
-    assert (tau > 4.0) if wrong == "never" else (tau == 1.0) if wrong == "always" else (1.0 < tau < 4.0)
-
-
-# ---- bad input ----------------------------------------------------------------------------------
-def _rehash(folder, rel):
-    raw = json.loads((folder / MANIFEST).read_text())
-    path = folder / rel
-    raw["files"][rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-    (folder / MANIFEST).write_text(json.dumps(raw))
-
-
+# ---- bad input (damaged programs, wrong drafters: tests/test_contract.py) ----------------------------------
 @pytest.fixture()
 def damaged(llama, tmp_path):
     import shutil
@@ -148,41 +57,12 @@ def damaged(llama, tmp_path):
     return dst
 
 
-def test_truncated_or_corrupt_programs_name_the_file(damaged):
-    path = damaged / PROGRAM_FILE
-    data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2])
-    with pytest.raises(BundleError, match=r"program\.pte is truncated"):
-        load_bundle(damaged)
-    _rehash(damaged, PROGRAM_FILE)  # checksums re-recorded: only executorch can tell now
-    with pytest.raises(BundleError, match=r"program\.pte: executorch cannot load this program") as err:
-        load_bundle(damaged)
-    assert "re-export" in str(err.value)
-
-
 def test_a_manifest_naming_a_missing_method_is_refused(damaged):
     raw = json.loads((damaged / MANIFEST).read_text())
     raw["graphs"]["drafter"]["method"] = "draft_step"
     (damaged / MANIFEST).write_text(json.dumps(raw))
     with pytest.raises(BundleError, match=r"has no method 'draft_step'"):
         load_bundle(damaged)
-
-
-def test_cli_export_generate_and_errors(tiny_llama, llama, tmp_path, capsys):
-    assert main(["export", "--model", str(tiny_llama[0]), "--format", "executorch", "--quant", "int4",
-                 "--out", str(tmp_path / "x")]) == 2
-    assert "no precision 'int4'" in capsys.readouterr().err and not (tmp_path / "x").exists()
-    base = ["generate", "--bundle", str(llama[0]), "--prompt", "w5 w6 w7", "--max-new-tokens", "10", "--quiet",
-            "--threads", "2"]
-    assert main(base) == 0
-    spec = capsys.readouterr()
-    assert main(base + ["--no-spec"]) == 0
-    plain = capsys.readouterr()
-    assert spec.out == plain.out and "[executorch]" in spec.err and "tau" in spec.err
-    assert main(base + ["--provider", "xnnpack"]) == 2
-    assert "--provider applies to onnx and qnn bundles, not the executorch runtime" in capsys.readouterr().err
-    assert main(["generate", "--bundle", str(llama[0]), "--runtime", "ort", "--prompt", "w5"]) == 2
-    assert "does not run 'executorch' bundles" in capsys.readouterr().err
 
 
 def test_8da4w_logits_within_bound_and_speculative_exact(llama, tmp_path):

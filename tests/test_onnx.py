@@ -1,6 +1,9 @@
-"""ONNX export + onnxruntime backend: parity with eager, speculative == plain, bundle integrity, CLI.
+"""ONNX export + onnxruntime backend: what only the onnx format has (buckets, quantized graphs, the split-attention
+control, graph IO, sliding-pass caps, atomic export, its CLI errors). Parity with eager, verify rows == decode steps,
+speculative == plain, wrong drafters, damaged files and `generate` are tests/test_contract.py's, over every format.
 
-Tiny random checkpoints (tests/tiny.py) except one real SmolLM2 test. Each bundle is exported once per module.
+Tiny random checkpoints (tests/tiny.py) except one real SmolLM2 test; the fp32 bundles come from the session's
+factory (tests/contract.py), shared with the contract suite.
 """
 
 import functools
@@ -14,9 +17,9 @@ import pytest
 from edge_spec.loading import checkpoints
 from edge_spec.contract import kv
 from edge_spec.api import load_bundle
-from edge_spec.contract.backend import DraftStep, Session
+from edge_spec.contract.backend import Session
 from edge_spec.cli import main
-from edge_spec.model.drafter import check_pair, new_drafter, save_drafter
+from edge_spec.model.drafter import check_pair, save_drafter
 from edge_spec.errors import BundleError, ConfigError, KVStateError
 from edge_spec.exporters import onnx as onnx_exporter
 from edge_spec.exporters import onnx_passes
@@ -27,7 +30,8 @@ from edge_spec.runtimes import ort as ort_runtime
 from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import generate_speculative
-from tests.parity import LOGITS_TOL, assert_drafter_matches_eager, assert_target_matches_eager, prompt_ids
+from tests.contract import OracleDrafter, differing_windows, host_checked_session, tiny_drafter
+from tests.parity import LOGITS_TOL, prompt_ids
 from tests.tiny import llama_config, save_reference
 
 GREEDY = SamplingParams()
@@ -39,33 +43,17 @@ GREEDY = SamplingParams()
 QUANT_BOUNDS = {"fp16": (1e-3, 1.0), "int8": (0.03, 0.9), "int4": (0.25, 0.85)}
 
 
-def tiny_drafter(cfg, **kwargs):
-    args = dict(hidden_size=32, num_layers=2, intermediate_size=64, num_centroids=16, top_k_clusters=4)
-    return new_drafter(cfg, seed=7, **{**args, **kwargs})
+@pytest.fixture(scope="module")
+def llama(tiny_bundles):
+    """Tiny llama + a clustered drafter scoring with the *target's* (tied) output table, fp32 (tests/contract.py)."""
+    return tiny_bundles.get("onnx", "llama")
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_llama, tmp_path_factory):
-    """Tiny llama + a clustered drafter scoring with the *target's* (tied) output table."""
-    target = checkpoints.load(str(tiny_llama[0]))
-    drafter = tiny_drafter(target.config, head_from="target")
-    folder = export_bundle(target, tmp_path_factory.mktemp("b") / "llama", drafter=drafter, max_context=160)
-    return folder, target, drafter
-
-
-@pytest.fixture(scope="module")
-def gemma(tiny_gemma4, tmp_path_factory):
-    """Tiny Gemma-4 (sliding rings, KV sharing, per-layer inputs) + a dense-head drafter with its own table."""
-    target = checkpoints.load(str(tiny_gemma4[0]))
-    drafter = tiny_drafter(target.config, clustered=False)
-    # passes of <= 9 tokens: rings of 6 + 9 - 1 = 14 slots, so the tests wrap them many times
-    folder = export_bundle(target, tmp_path_factory.mktemp("b") / "gemma", drafter=drafter, max_context=96, max_pass=9)
-    return folder, target, drafter
-
-
-@pytest.fixture(params=["llama", "gemma"])
-def pair(request):
-    return request.getfixturevalue(request.param)
+def gemma(tiny_bundles):
+    """Tiny Gemma-4 (sliding rings of 6 + 9 - 1 = 14 slots, KV sharing, per-layer inputs) + a dense-head drafter
+    with its own table, passes of <= 9 tokens, fp32 (tests/contract.py)."""
+    return tiny_bundles.get("onnx", "gemma")
 
 
 def ort_parts(folder, threads=1):
@@ -73,12 +61,7 @@ def ort_parts(folder, threads=1):
     return engine.session.backend, engine.drafter, engine
 
 
-# ---- parity ---------------------------------------------------------------------------------------
-def test_target_logits_match_eager_through_buckets_commits_and_rewinds(pair, monkeypatch):
-    monkeypatch.setattr(ort_runtime, "BUCKET", 8)  # many bucket moves (grow and shrink) in a short test
-    assert_target_matches_eager(pair[0], pair[1])
-
-
+# ---- rings ---------------------------------------------------------------------------------------------
 def test_rewind_across_a_ring_eviction_still_raises(gemma):
     backend, _, _ = ort_parts(gemma[0])
     session = Session(backend)
@@ -87,51 +70,21 @@ def test_rewind_across_a_ring_eviction_still_raises(gemma):
         session.rewind(5)
 
 
-def test_drafter_steps_match_eager(pair):
-    assert_drafter_matches_eager(*pair)
-
-
-# ---- speculative through ORT == plain through ORT ----------------------------------------------------
-@pytest.mark.parametrize("k", [1, 2, 4])
-def test_speculative_greedy_equals_plain_greedy(pair, k):
-    folder, target, _ = pair
-    backend, drafter, engine = ort_parts(folder)
-    session = Session(backend)
-    ids = prompt_ids(11, seed=k)
-    expected = generate_plain(session, ids, max_new_tokens=40, params=GREEDY, rng=np.random.default_rng(0),
-                              stop_ids=frozenset()).tokens
-    out = generate_speculative(session, drafter, ids, max_new_tokens=40, params=GREEDY, rng=np.random.default_rng(0),
-                               stop_ids=frozenset(), k=k, vocab_size=engine.vocab_size)
-    assert out.tokens == expected
-
-
-class ScriptedDrafter:
-    """Proposes the known greedy continuation with every third token wrong: accepted and rejected bursts."""
-
-    def __init__(self, continuation, prompt_len):
-        self.continuation, self.prompt_len = continuation, prompt_len
-
-    def begin(self, position, masks, n_cached):
-        self.position, self.offset = position, 0
-
-    def step(self, token, hidden):
-        self.offset += 1
-        i = self.position + self.offset - self.prompt_len
-        tok = self.continuation[i] if 0 <= i < len(self.continuation) else 4
-        if (self.position + self.offset) % 3 == 0:
-            tok = 4 + (tok + 1) % 300
-        return DraftStep(np.array([tok]), np.array([1.0], dtype=np.float32), hidden)
+# ---- speculative through ORT == plain through ORT (every format's: tests/test_contract.py) ----------------------
+def every_third_wrong(position):
+    return position % 3 == 0
 
 
 def test_accepted_drafts_commit_several_rows(llama, monkeypatch):
+    """Bursts of accepted drafts commit several rows at once while the caches move between buckets of 8."""
     monkeypatch.setattr(ort_runtime, "BUCKET", 8)
     backend, _, _ = ort_parts(llama[0])
     session = Session(backend)
     ids = prompt_ids(9, seed=5)
     expected = generate_plain(session, ids, max_new_tokens=48, params=GREEDY, rng=np.random.default_rng(0),
                               stop_ids=frozenset()).tokens
-    out = generate_speculative(session, ScriptedDrafter(expected, len(ids)), ids, max_new_tokens=48, params=GREEDY,
-                               rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
+    out = generate_speculative(session, OracleDrafter(expected, len(ids), every_third_wrong), ids, max_new_tokens=48,
+                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
     assert out.tokens == expected and out.extra["spec"].tau > 1.5
 
 
@@ -213,43 +166,16 @@ def test_quantized_bundle_logits_within_bound_and_speculative_exact(llama, tmp_p
     assert out.tokens == expected
 
 
-def differing_windows(session, ids, windows) -> list[tuple[int, int]]:
-    """(start, T) windows where a T-token verify pass differs (in any bit) from T one-token decode steps over the
-    same tokens, run in the session's row mode (`Session.min_rows`)."""
-    bad = []
-    for start, t in windows:
-        session.reset()
-        session.prefill(ids[:start])
-        steps = []
-        for token in ids[start:start + t]:  # plain decoding: one token per forward
-            steps.append(session.forward([token]).logits[0])
-            session.commit(1)
-        session.rewind(start)  # (gemma: a 14-slot ring still holds every key a query at `start` sees)
-        verify = session.forward(ids[start:start + t]).logits  # one verify pass over the same tokens
-        if not np.array_equal(np.stack(steps), verify):
-            bad.append((start, t))
-    return bad
-
-
-def host_checked_session(folder):
-    """The bundle's session in the row mode this host's check picks (probed afresh, not from a cache)."""
-    engine = load_bundle(folder, threads=2, host_check=False)
-    check = engine.check_host(cache=False)
-    assert check.exact, f"this host does not keep the bundle batch-invariant in any row mode:\n{check.report()}"
-    return engine.session
-
-
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "int4"])
-def test_verify_rows_are_bit_identical_to_decode_steps(llama, tmp_path, precision):
+@pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])  # fp32: tests/test_contract.py
+def test_quantized_verify_rows_are_bit_identical_to_decode_steps(llama, tmp_path, precision):
     """The property greedy exactness rests on: a T=k+1 verify pass gives, row for row, the *same bits* as k+1
     T=1 decode steps (batch-invariant attention, edge_spec.model.attention.attend_slots), in the row mode the host check
     picks: one-token passes as they are where this CPU's one-row kernels sum like its multi-row ones, else with a
     masked dummy row (AMD AVX2: onnxruntime's 4-bit MatMulNBits). int8 activations inside MatMulNBits amplify any
     1-ulp difference, so quantized graphs are where a split would show. Positions 58..69 cross a bucket edge
     (64), so decode and verify also bind different cache lengths."""
-    folder, target, drafter = llama
-    if precision != "fp32":
-        folder = export_bundle(target, tmp_path / precision, precision=precision, max_context=160)
+    _, target, _ = llama
+    folder = export_bundle(target, tmp_path / precision, precision=precision, max_context=160)
     session = host_checked_session(folder)
     assert differing_windows(session, prompt_ids(70, seed=5), ((58, 6), (61, 5), (40, 2), (64, 4))) == []
 
@@ -279,14 +205,12 @@ def test_split_attention_is_caught_by_the_bit_identity_test_and_the_host_check(l
     assert "spec" in forced.extra
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int4"])
-def test_gemma_sliding_layers_verify_rows_are_bit_identical_to_decode_steps(gemma, tmp_path, precision):
+def test_gemma_int4_sliding_layers_verify_rows_are_bit_identical_to_decode_steps(gemma, tmp_path):
     """The same property on a Gemma-4 target (sliding rings, KV sharing): its sliding layers attend over ring
     slots too (slot = position % 14 here). Before that, int4 logits differed by up to ~4 between a verify pass and
-    T=1 steps. Windows: inside the ring, wrapping around within the pass, and a pass of the cap (9 tokens)."""
-    folder, target, _ = gemma
-    if precision != "fp32":
-        folder = export_bundle(target, tmp_path / precision, precision=precision, max_context=96, max_pass=9)
+    T=1 steps. Windows: inside the ring, wrapping around within the pass, and a pass of the cap (9 tokens). (fp32:
+    tests/test_contract.py, every format.)"""
+    folder = export_bundle(gemma[1], tmp_path / "int4", precision="int4", max_context=96, max_pass=9)
     session = host_checked_session(folder)
     assert session.state.layout.slots(kv.SLIDING) == 14
     windows = ((58, 6), (53, 6), (40, 2), (64, 4), (26, 9))
@@ -295,8 +219,9 @@ def test_gemma_sliding_layers_verify_rows_are_bit_identical_to_decode_steps(gemm
     prompt = prompt_ids(11, seed=1)
     expected = generate_plain(session, prompt, max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0),
                               stop_ids=frozenset()).tokens
-    out = generate_speculative(session, ScriptedDrafter(expected, len(prompt)), prompt, max_new_tokens=60,
-                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
+    out = generate_speculative(session, OracleDrafter(expected, len(prompt), every_third_wrong), prompt,
+                               max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(),
+                               k=4, vocab_size=320)
     assert out.tokens == expected and out.extra["spec"].tau > 1.5
 
 
@@ -349,7 +274,7 @@ def test_untied_target_with_a_target_head_drafter_gets_its_output_table(tmp_path
     assert np.array_equal(a.token_ids, b.token_ids) and np.abs(a.logits - b.logits).max() <= LOGITS_TOL
 
 
-# ---- the manifest and bundle integrity ---------------------------------------------------------------
+# ---- the manifest and bundle integrity (damaged files, wrong drafters: tests/test_contract.py) ---------
 def test_manifest_round_trip_and_contents(llama):
     folder, target, drafter = llama
     manifest = read_manifest(folder)
@@ -375,15 +300,6 @@ def damaged(llama, tmp_path):
     return dst
 
 
-def test_corrupt_file_names_the_file(damaged):
-    path = damaged / "onnx" / "target.onnx.data"
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x10  # one bit
-    path.write_bytes(bytes(data))
-    with pytest.raises(BundleError, match=r"target\.onnx\.data is corrupt"):
-        load_bundle(damaged)
-
-
 def test_graph_whose_io_differs_from_the_manifest_names_the_file(damaged):
     """A graph file edited after export (its checksums re-recorded, so only its IO is wrong) is refused at load."""
     from edge_spec.contract.manifest import sha256_file
@@ -399,39 +315,6 @@ def test_graph_whose_io_differs_from_the_manifest_names_the_file(damaged):
     (damaged / MANIFEST).write_text(json.dumps(raw))
     with pytest.raises(BundleError, match=r"target\.onnx: graph inputs \['tokens'"):
         load_bundle(damaged)
-
-
-def test_truncated_and_missing_files(damaged):
-    table = damaged / "onnx" / "embed_table.bin"
-    table.write_bytes(table.read_bytes()[:100])
-    with pytest.raises(BundleError, match=r"embed_table\.bin is truncated"):
-        load_bundle(damaged)
-    (damaged / "onnx" / "drafter.onnx").unlink()
-    with pytest.raises(BundleError, match=r"drafter\.onnx is missing"):
-        read_manifest(damaged)
-    (damaged / MANIFEST).unlink()
-    with pytest.raises(BundleError, match="manifest.json is missing"):
-        load_bundle(damaged)
-
-
-def test_schema_version_and_mismatched_drafter(damaged, gemma):
-    raw = json.loads((damaged / MANIFEST).read_text())
-    (damaged / MANIFEST).write_text(json.dumps({**raw, "schema_version": 99}))
-    with pytest.raises(BundleError, match="schema_version 99"):
-        load_bundle(damaged)
-    other = json.loads((gemma[0] / MANIFEST).read_text())
-    raw["drafter"]["target_content_sha256"] = other["target"]["content_sha256"]  # a drafter exported for gemma
-    (damaged / MANIFEST).write_text(json.dumps(raw))
-    with pytest.raises(BundleError, match="drafter from another target"):
-        load_bundle(damaged)
-
-
-def test_mismatched_drafter_is_refused_at_export(llama, gemma, tmp_path):
-    from edge_spec.errors import CheckpointError
-
-    with pytest.raises(CheckpointError, match="drafter does not match the target"):
-        export_bundle(gemma[1], tmp_path / "x", drafter=llama[2])
-    assert not (tmp_path / "x").exists()
 
 
 def test_interrupted_export_leaves_no_bundle_and_a_rerun_succeeds(llama, tmp_path, monkeypatch):

@@ -1,12 +1,15 @@
 """QNN export, run here on onnxruntime-qnn's HTP simulator (the x86-64 wheel prepares and executes HTP graphs): every
-node on the HTP with CPU fallback disabled, logits vs the same QDQ graphs on the CPU provider and vs eager fp32, the
-host check's verdict on the HTP (verify rows bit-identical to decode steps; masked keys and values never reach a row),
-greedy speculative == plain on the HTP at k = 1, 2, 4, and with rejections and rewinds through the same QDQ graphs on
-the CPU provider. What this cannot
-show: speed or power on a phone, and whether a phone's HTP behaves like the simulator (the host check measures that
-on the device).
+node on the HTP with CPU fallback disabled, logits vs the same QDQ graphs on the CPU provider and vs eager fp32,
+masked keys and values never reaching a row, a pass from position 0 through the host's float graph, 8a8w. What this
+cannot show: speed or power on a phone, and whether a phone's HTP behaves like the simulator (the host check measures
+that on the device).
 
-Tiny random checkpoints (tests/tiny.py); each bundle is exported once per module (~15-30 s).
+tests/test_contract.py holds the claims every format shares, over the QNN rows too: the host check's verdict on the
+HTP and greedy speculative == plain there and through the CPU QDQ graphs at k = 1, 2, 4, verify rows == decode steps
+through the CPU QDQ graphs, rejections and rewinds, wrong drafters, damaged context binaries, `generate`.
+
+Tiny random checkpoints (tests/tiny.py); the 16a8w bundles come from the session's factory (tests/contract.py, shared
+with the contract suite).
 """
 
 import json
@@ -16,45 +19,31 @@ import numpy as np
 import onnx
 import pytest
 
-from edge_spec.loading import checkpoints
 from edge_spec.runtimes import qnn_htp
 from edge_spec.api import load_bundle
 from edge_spec.contract.backend import Session
 from edge_spec.cli import main
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.exporters.qnn import export_bundle, with_headroom
-from edge_spec.decoding.generate import generate_plain
 from edge_spec.contract.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes.qnn import open_session
 from edge_spec.runtimes.torch import TorchBackend
-from edge_spec.decoding.sampling import SamplingParams
-from edge_spec.decoding.speculative import generate_speculative
 from tests.parity import chunked_logits, prompt_ids
-from tests.test_executorch import OracleDrafter, _rehash
-from tests.test_onnx import differing_windows, tiny_drafter
 
-GREEDY = SamplingParams()
 SOC = qnn_htp.SOCS["sm8650"]
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_llama, tmp_path_factory):
-    """Tiny llama + a clustered drafter scoring with the target's (tied) table; 16a8w for the SM8650."""
-    target = checkpoints.load(str(tiny_llama[0]))
-    drafter = tiny_drafter(target.config, head_from="target")
-    folder = export_bundle(target, tmp_path_factory.mktemp("qnn") / "llama", drafter=drafter, max_context=64,
-                           max_draft_len=4, max_pass=9)
-    return folder, target, drafter
+def llama(tiny_bundles):
+    """Tiny llama + a clustered drafter scoring with the target's (tied) table; 16a8w for the SM8650, context 64
+    (tests/contract.py)."""
+    return tiny_bundles.get("qnn", "llama")
 
 
 @pytest.fixture(scope="module")
-def gemma(tiny_gemma4, tmp_path_factory):
-    """Tiny Gemma-4 (sliding rings of 6 + 9 - 1 = 14 slots, KV sharing, per-layer inputs, soft-capping)."""
-    target = checkpoints.load(str(tiny_gemma4[0]))
-    drafter = tiny_drafter(target.config, clustered=False)
-    folder = export_bundle(target, tmp_path_factory.mktemp("qnn") / "gemma", drafter=drafter, max_context=48,
-                           max_draft_len=4, max_pass=9)
-    return folder, target, drafter
+def gemma(tiny_bundles):
+    """Tiny Gemma-4 (sliding rings of 6 + 9 - 1 = 14 slots, KV sharing, per-layer inputs, soft-capping), context 48."""
+    return tiny_bundles.get("qnn", "gemma")
 
 
 @pytest.fixture(params=["llama", "gemma"])
@@ -201,20 +190,13 @@ def test_the_outputs_ranges_get_headroom_about_their_middle():
     assert out == {"logits": (-1.5, 2.5), "hidden": (-4.0, 4.0), "x": (0.0, 1.0)} and ranges["logits"] == (-0.5, 1.5)
 
 
-# ---- exactness --------------------------------------------------------------------------------------------------
+# ---- exactness (the HTP's host check, verify rows, spec == plain, rejections: tests/test_contract.py) ----------
 def cpu_session(folder):
     """The bundle's QDQ graphs on the CPU provider, in the row mode this host's check picks (probed afresh)."""
     engine = load_bundle(folder, provider="cpu", threads=2, host_check=False)
     check = engine.check_host(cache=False)
     assert check.exact, f"the CPU provider does not keep the QDQ graphs batch-invariant here:\n{check.report()}"
     return engine.session
-
-
-def test_verify_rows_are_bit_identical_to_decode_steps_through_the_cpu_qdq_graphs(pair):
-    """Where exactness holds here: the QDQ graphs on the CPU provider, verify passes == decode steps across (gemma)
-    ring wraps."""
-    windows = ((20, 5), (30, 9), (41, 3)) if pair[0].name == "llama" else ((20, 5), (30, 9), (12, 3))
-    assert differing_windows(cpu_session(pair[0]), prompt_ids(45, seed=5), windows) == []
 
 
 def test_a_pass_from_position_0_runs_its_first_row_on_the_host_and_equals_decode_steps(pair):
@@ -235,25 +217,6 @@ def test_a_pass_from_position_0_runs_its_first_row_on_the_host_and_equals_decode
     session.backend.sink = None
     quantized = session.forward(ids[:1]).logits
     assert not np.array_equal(quantized[0], whole[0])
-
-
-def test_the_htp_keeps_verify_rows_bit_identical_and_the_host_check_says_so(pair):
-    """On the simulated HTP a verify row equals the decode step at the same position bit for bit (the host check's
-    probe: passes of 2, 3, 5 and 9 rows, ring wraps on Gemma-4), so speculative decoding stays on there. Two causes
-    of the difference measured before (docs/android-qnn.md): masked values reaching rows through the HTP's P.V
-    matmul (`model.masked_values` zeroes them per row) and the new rows leaving a pass in another encoding than the
-    cache reads them back in (`qnn_calibration.cache_groups`; the test below)."""
-    check = load_bundle(pair[0], host_check=False).check_host(cache=False)  # probed afresh, not a cached verdict
-    assert check.exact, check.report()
-
-
-@pytest.mark.parametrize("k", [1, 2, 4])
-def test_speculative_greedy_equals_plain_greedy_on_the_htp(pair, k):
-    engine = load_bundle(pair[0])
-    ids = prompt_ids(9, seed=1)
-    plain = engine.generate(ids, max_new_tokens=16, speculative=False)
-    spec = engine.generate(ids, max_new_tokens=16, spec_k=k, lookup=False)
-    assert spec.tokens == plain.tokens and "spec" in spec.extra
 
 
 def test_new_rows_leave_every_graph_in_the_encoding_the_cache_reads_them_in(pair):
@@ -333,30 +296,6 @@ def masked_slot_feeds(session, start=6, t=5):
     return feeds
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
-def test_speculative_greedy_equals_plain_greedy_through_the_cpu_qdq_graphs(pair, k):
-    engine = load_bundle(pair[0], provider="cpu")
-    assert engine.exactness is not None and engine.exactness.exact
-    ids = prompt_ids(9, seed=1)
-    plain = engine.generate(ids, max_new_tokens=20, speculative=False)
-    spec = engine.generate(ids, max_new_tokens=20, spec_k=k, lookup=False)
-    assert spec.tokens == plain.tokens and "spec" in spec.extra
-
-
-@pytest.mark.parametrize("wrong", ["always", "random"])
-def test_rejections_and_rewinds_never_change_the_output(gemma, wrong):
-    """Drafts right or wrong by rule, over 30 tokens that wrap the 14-slot rings: the output is plain greedy's."""
-    session = cpu_session(gemma[0])
-    prompt = prompt_ids(7, seed=1)
-    expected = generate_plain(session, prompt, max_new_tokens=30, params=GREEDY, rng=np.random.default_rng(0),
-                              stop_ids=frozenset()).tokens
-    rng = np.random.default_rng(7)
-    rule = {"always": lambda p: True, "random": lambda p: rng.random() < 0.4}[wrong]
-    out = generate_speculative(session, OracleDrafter(expected, len(prompt), rule), prompt, max_new_tokens=30,
-                               params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(), k=4, vocab_size=320)
-    assert out.tokens == expected
-
-
 def test_8a8w_within_its_bound_and_exact(llama, tmp_path):
     """8-bit activations: looser bounds (HTP vs the CPU QDQ graphs of the same bundle, and those vs eager);
     speculative == plain through the CPU QDQ graphs."""
@@ -391,20 +330,14 @@ def test_a_smaller_context_runs_on_the_same_graphs(llama):
 
 
 # ---- errors ------------------------------------------------------------------------------------------------------
-def test_bad_soc_provider_and_damaged_files_are_refused(llama, tmp_path):
+def test_bad_soc_provider_and_a_manifest_without_its_soc_are_refused(llama, tmp_path):
+    """(Damaged context binaries: tests/test_contract.py.)"""
     with pytest.raises(ConfigError, match="unknown Snapdragon SoC"):
         export_bundle(llama[1], tmp_path / "x", soc="sm9999")
     with pytest.raises(ConfigError, match="no provider 'xnnpack'"):
         load_bundle(llama[0], provider="xnnpack")
     dst = tmp_path / "bundle"
     shutil.copytree(llama[0], dst)
-    ctx = dst / qnn_htp.ctx_file("target_1")
-    ctx.write_bytes(ctx.read_bytes()[:200])
-    with pytest.raises(BundleError, match="truncated or altered"):
-        load_bundle(dst)
-    _rehash(dst, qnn_htp.ctx_file("target_1"))  # checksums re-recorded: only onnxruntime can tell
-    with pytest.raises(BundleError, match=r"target_1\.ctx\.onnx: onnxruntime cannot load it"):
-        load_bundle(dst)
     raw = json.loads((dst / MANIFEST).read_text())
     del raw["graphs"]["target"]["fixed"]["qnn"]
     (dst / MANIFEST).write_text(json.dumps(raw))
