@@ -24,12 +24,12 @@ import tempfile
 from pathlib import Path
 
 from edge_spec.benchmark.bench import Tally, config_row, report
+from edge_spec.contract.formats import native_formats
 from edge_spec.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BIN = ROOT / "build" / "native" / "edge-spec-run"
 ENV_BIN = "EDGE_SPEC_NATIVE"
-FORMATS = ("executorch", "onnx")  # the bundle formats runtimes/native has backends for
 BUILD_FIX = "make native (or pass --native-bin PATH / set EDGE_SPEC_NATIVE to a built edge-spec-run)"
 
 
@@ -43,10 +43,11 @@ def runner_path(explicit: str | None = None) -> Path:
 
 def check_format(bundle_format: str, runner: Path | None = None) -> None:
     """Refuse a bundle the runner cannot run: a format it has no backend for, or (given the runner) onnx on an
-    executorch-only build (its formats.txt, written by CMake beside it, says which)."""
-    if bundle_format not in FORMATS:
-        raise ConfigError(f"the native runner runs {' and '.join(FORMATS)} bundles, not {bundle_format!r} ones",
-                          "export the bundle with --format executorch or --format onnx, or bench it with its own "
+    build without that backend (its formats.txt, written by CMake beside it, says which)."""
+    names = native_formats()
+    if bundle_format not in names:
+        raise ConfigError(f"the native runner runs {' and '.join(names)} bundles, not {bundle_format!r} ones",
+                          f"export the bundle with --format {' or --format '.join(names)}, or bench it with its own "
                           "runtime (drop --runtime native)")
     if runner is None:
         return
@@ -189,7 +190,7 @@ def main(args, prompts: list[dict]) -> int:
 
     if args.bundle is None:
         raise ConfigError("--runtime native runs an exported bundle, not --model (the eager checkpoint)",
-                          "export one (edge-spec export --format executorch|onnx --out B) and pass --bundle B")
+                          f"export one (edge-spec export --format {'|'.join(native_formats())} --out B) and pass --bundle B")
     refused = [flag for flag, given in (("--drafter", args.drafter is not None), ("--peer", bool(args.peer)),
                                         ("--no-spin", args.no_spin), ("--max-context", args.max_context is not None),
                                         *((f"--{d.replace('_', '-')}", True) for d in given_options(args, RUN)))

@@ -57,6 +57,7 @@ class Format:
     # the attention form its target graphs are traced with (edge_spec.model.forms.NAMES): slots (batch-invariant
     # slot attention), placed (data movement + 4-D ops, no scatter), state (the program owns the caches)
     attention: str = "slots"
+    native: bool = False  # runtimes/native (the C++ runner, `make native`) has a backend for its bundles
 
     @property
     def bindings(self) -> tuple[str, ...]:
@@ -70,7 +71,7 @@ _EP_RUN = ("--provider", "--ep")
 FORMATS = {
     "onnx": Format(
         "onnx", ("fp32", "fp16", "int8", "int4"), BINDING_IO, "ort", "edge_spec.exporters.onnx",
-        "edge_spec.runtimes.ort", "pip install onnx onnxruntime onnxscript", about="onnxruntime",
+        "edge_spec.runtimes.ort", "pip install onnx onnxruntime onnxscript", about="onnxruntime", native=True,
         precision_help="fp32, fp16 (fp16 compute for accelerator providers; ~10% slower than fp32 on an x86 CPU), int8 "
                        "or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head)",
         options=(Option(("--exporter",), "exporter", "the torch.onnx exporter: dynamo (default, faster graphs) or "
@@ -83,6 +84,7 @@ FORMATS = {
     "executorch": Format(
         "executorch", ("fp32", "8da4w"), BINDING_STATE, "executorch", "edge_spec.exporters.executorch",
         "edge_spec.runtimes.executorch", "pip install executorch==1.5.1", about="one .pte, XNNPACK", attention="state",
+        native=True,
         precision_help="fp32 or 8da4w (int8 dynamic activations, int4 weights in groups of 32)"),
     "coreml": Format(
         "coreml", ("fp16", "fp32", "int8", "int4", "int4-channel"), BINDING_IO, "coreml", "edge_spec.exporters.coreml",
@@ -142,6 +144,11 @@ def registered(fmt: Format):
 # ---- reading the table --------------------------------------------------------------------------------------------
 def runtimes() -> tuple[str, ...]:
     return (EAGER_RUNTIME,) + tuple(dict.fromkeys(f.runtime for f in FORMATS.values()))
+
+
+def native_formats() -> tuple[str, ...]:
+    """The formats whose bundles the C++ runner (runtimes/native) runs."""
+    return tuple(sorted(f.name for f in FORMATS.values() if f.native))
 
 
 def precisions() -> tuple[str, ...]:
