@@ -54,6 +54,21 @@ def test_batched_greedy_equals_plain_greedy(tiny_llama):
         assert o == ref
 
 
+def test_batched_greedy_inside_the_sliding_window_equals_plain_greedy(tiny_gemma4):
+    loaded = checkpoints.load(str(tiny_gemma4[0]))
+    window = loaded.config.sliding_window
+    prompts = [[5, 6, 7], [9, 10, 11, 12], [20]]
+    new = window - 4  # the longest prompt + new tokens fill the window exactly
+    outs = batched_greedy(loaded.model, prompts, max_new_tokens=new, stop_ids=frozenset())
+    session = Session(TorchBackend(loaded.model, kv_layout(loaded.config, 64)))
+    for p, o in zip(prompts, outs):
+        ref = generate_plain(session, p, max_new_tokens=new, params=SamplingParams(), rng=np.random.default_rng(0),
+                             stop_ids=frozenset()).tokens
+        assert o == ref
+    with pytest.raises(ConfigError, match="sliding window"):
+        batched_greedy(loaded.model, prompts, max_new_tokens=new + 1, stop_ids=frozenset())
+
+
 def test_extract_matches_the_session_forward(tiny_gemma4):
     loaded = checkpoints.load(str(tiny_gemma4[0]))
     seqs = np.random.default_rng(0).integers(4, 320, (3, 16)).astype(np.int32)
@@ -111,6 +126,21 @@ def test_training_reduces_loss_and_resumes(peaky_llama, corpus, tmp_path, shard_
                 shard_bits=shard_bits)
     ckpt = torch.load(tmp_path / "drafter.work" / "run_drafter" / "checkpoint.pt", weights_only=False)
     assert again["steps"] == 45 and len(ckpt["history"]) == 45
+
+
+def test_a_training_chunk_stops_on_time_and_the_next_continues_the_schedule(peaky_llama, corpus, tmp_path):
+    loaded = checkpoints.load(str(peaky_llama))
+    cfg = TrainConfig(batch_seqs=2, lr=1e-2, warmup=5, checkpoint_every=20)
+    kwargs = dict(data=[str(corpus)], max_tokens=20 * 180, hidden_size=32, num_layers=1, num_heads=2,
+                  intermediate_size=64, num_centroids=16, top_k_clusters=4, train_cfg=cfg, max_steps=12)
+    out = tmp_path / "drafter"
+    first = run(loaded, out, minutes=0.0, **kwargs)  # out of time after its first step
+    assert (first["steps"], first["total_steps"]) == (1, 12)
+    assert json.loads((out / "training_report.json").read_text())["steps"] == 1
+    assert load_drafter(out).cfg.raw["text_config"]["num_attention_heads"] == 2
+    second = run(loaded, out, **kwargs)
+    ckpt = torch.load(tmp_path / "drafter.work" / "run_drafter" / "checkpoint.pt", weights_only=False)
+    assert second["steps"] == 12 and [h["step"] for h in ckpt["history"]] == list(range(1, 13))
 
 
 def test_cached_shards_are_checked_against_tokens_layers_and_target(peaky_llama, tiny_llama, tmp_path):

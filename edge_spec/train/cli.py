@@ -12,7 +12,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr = sub.add_parser("train-drafter", help="train an MTP drafter for a target (distillation from its hidden states)")
     tr.add_argument("--target", default="smollm2-135m", help="built-in name or HF folder of the target")
     tr.add_argument("--data", nargs="+", default=["debian-docs", "stdlib", "chat"],
-                    help="built-in sources (debian-docs, stdlib, chat) and/or text files/folders")
+                    help="built-in sources (debian-docs, stdlib, chat, everyday: answers to everyday questions) and/or "
+                         "text files/folders")
     tr.add_argument("--out", required=True, help="drafter folder to write (work files go to OUT.work/)")
     tr.add_argument("--work", default=None, help="cache folder for corpora/shards/checkpoints (default OUT.work)")
     tr.add_argument("--max-tokens", type=int, default=400_000, help="training tokens (regenerated chat included)")
@@ -24,12 +25,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--regen-batch", type=int, default=16, help="prompts generated at once (bf16 CPU sweet spot: 16)")
     tr.add_argument("--epochs", type=float, default=1.0)
     tr.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
+    tr.add_argument("--minutes", type=float, default=None,
+                    help="stop training after this many minutes (a chunk): the checkpoint, the drafter so far and its "
+                         "report are written; the same command again continues the run from the checkpoint")
     tr.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
     tr.add_argument("--lr", type=float, default=2e-3)
     tr.add_argument("--batch-seqs", type=int, default=4, help="sequences of 256 tokens per step")
     tr.add_argument("--steps-ahead", type=int, default=3, help="MTP depth trained (drafter feeds itself back)")
     tr.add_argument("--hidden-size", type=int, default=256)
     tr.add_argument("--layers", type=int, default=2)
+    tr.add_argument("--heads", type=int, default=None,
+                    help="query heads per layer (default: hidden size / the target's head dim, at least its KV heads)")
     tr.add_argument("--intermediate-size", type=int, default=1024)
     tr.add_argument("--centroids", type=int, default=1024, help="vocabulary clusters")
     tr.add_argument("--top-k-clusters", type=int, default=32)
@@ -83,13 +89,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     report = run(load(args.target), Path(args.out), data=args.data, max_tokens=args.max_tokens,
                  max_chat_prompts=args.max_chat_prompts, chat_templates=args.chat_templates,
                  max_regen_text=args.regen_text, chat_max_new=args.regen_tokens,
-                 chat_batch=args.regen_batch, hidden_size=args.hidden_size, num_layers=args.layers,
+                 chat_batch=args.regen_batch, hidden_size=args.hidden_size, num_layers=args.layers, num_heads=args.heads,
                  intermediate_size=args.intermediate_size, num_centroids=args.centroids,
                  top_k_clusters=args.top_k_clusters, head_from=args.head_from, table_from=args.table_from,
                  train_cfg=cfg, max_steps=args.max_steps,
                  work=Path(args.work) if args.work else None, init=init, shard_bits=args.shard_bits,
-                 save_dtype=getattr(torch, args.save_dtype))
-    print(json.dumps({k: report[k] for k in ("steps", "data", "drafter", "held_out", "total_seconds") if k in report},
+                 save_dtype=getattr(torch, args.save_dtype), minutes=args.minutes)
+    print(json.dumps({k: report[k] for k in ("steps", "total_steps", "data", "drafter", "held_out", "total_seconds") if k in report},
                      indent=2, default=float))
     print(f"drafter written to {args.out}", file=sys.stderr)
     return 0

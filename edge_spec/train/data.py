@@ -4,7 +4,8 @@ Sources (see docs/drafter.md for licences):
   * Debian `python3.11-doc` and `linux-doc-6.1`: reStructuredText sources of the Python and Linux docs
     (`fetch_debian_docs` downloads the .deb files with apt and unpacks them; nothing is installed);
   * the Python standard library source of the running interpreter (code);
-  * regenerated chat: the target's own answers to prompts built from topic lists (`chat_prompts`).
+  * regenerated chat: the target's own answers to prompts built from topic lists (`chat_prompts`);
+  * regenerated everyday answers: the target's own answers to everyday questions (`everyday_prompts`).
 """
 
 from __future__ import annotations
@@ -118,6 +119,38 @@ def chat_prompts(extra_topics: list[str], *, held_out: bool, templates_per_topic
             if is_held_out(topic, 10) == held_out:  # split by topic: held-out topics are never seen
                 prompts.append(prompt)
     return prompts
+
+
+# everyday questions (the `everyday` source): what a phone assistant is asked, not programming
+_EVERYDAY_TEMPLATES = (
+    "How do I get started with {topic}?",
+    "Give me three practical tips for {topic}.",
+    "What are the most common mistakes people make with {topic}?",
+    "Explain {topic} to a friend who has never thought about it.",
+    "Write a short, friendly paragraph about {topic}.",
+    "What should I know about {topic} before I begin?",
+)
+_EVERYDAY_TOPICS = (
+    "cooking pasta", "baking bread", "meal planning for a week", "keeping houseplants alive", "growing tomatoes",
+    "running a first 5k", "stretching after exercise", "drinking enough water", "sleeping better",
+    "managing stress", "meditation", "job interviews", "writing a cover letter", "asking for a raise",
+    "working from home", "time management", "saving for a holiday", "making a monthly budget", "paying off debt",
+    "buying a used car", "cycling to work", "learning to swim", "learning the guitar", "learning Spanish",
+    "reading more books", "keeping a journal", "taking better photos with a phone", "planning a birthday party",
+    "hosting a dinner", "moving to a new city", "renting a first apartment", "cleaning a kitchen",
+    "doing laundry", "removing stains", "training a puppy", "caring for a cat", "camping in the mountains",
+    "packing for a flight", "travelling by train in Europe", "visiting Japan", "staying safe in the sun",
+    "treating a cold", "first aid for small cuts", "talking to a teenager", "making friends as an adult",
+    "writing a thank-you note", "giving a short speech", "preparing for an exam", "choosing a laptop",
+    "protecting passwords", "recycling at home", "saving energy at home", "composting", "bird watching",
+    "making coffee at home", "brewing tea", "planning a road trip", "volunteering", "decluttering a wardrobe",
+)
+
+
+def everyday_prompts(*, held_out: bool) -> list[str]:
+    """Everyday questions: every template x every topic, split by topic hash like `chat_prompts`."""
+    return [t.format(topic=topic) for topic in sorted(_EVERYDAY_TOPICS) if is_held_out(topic, 10) == held_out
+            for t in _EVERYDAY_TEMPLATES]
 
 
 def stdlib_module_names() -> list[str]:

@@ -134,10 +134,12 @@ def check_work_target(work: Path, loaded: LoadedModel) -> None:
 
 def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 400_000, chat_batch: int = 16,
         chat_max_new: int = 128, max_chat_prompts: int | None = None, chat_templates: int = 2,
-        max_regen_text: int = 200, hidden_size: int = 256, num_layers: int = 2, intermediate_size: int = 1024,
+        max_regen_text: int = 200, hidden_size: int = 256, num_layers: int = 2, num_heads: int | None = None,
+        intermediate_size: int = 1024,
         num_centroids: int = 1024, top_k_clusters: int = 32, head_from: str = "target", table_from: str = "own",
         train_cfg: TrainConfig = TrainConfig(), max_steps: int | None = None, work: Path | None = None,
-        init: Path | None = None, shard_bits: int = 16, save_dtype: torch.dtype | None = None) -> dict:
+        init: Path | None = None, shard_bits: int = 16, save_dtype: torch.dtype | None = None,
+        minutes: float | None = None) -> dict:
     started = time.perf_counter()
     work = work or out.parent / f"{out.name}.work"
     work.mkdir(parents=True, exist_ok=True)
@@ -153,7 +155,8 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
         top_k_clusters, head_from = probe.cfg.top_k_clusters, probe.cfg.head_from
         table_from = probe.cfg.table_from
     else:
-        probe = new_drafter(cfg, hidden_size=hidden_size, num_layers=num_layers, intermediate_size=intermediate_size,
+        probe = new_drafter(cfg, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                            intermediate_size=intermediate_size,
                             num_centroids=num_centroids, top_k_clusters=top_k_clusters, head_from=head_from,
                             residual=head_from == "target", table_from=table_from)
     sources = pair(loaded.model, probe)  # a table_from="target" drafter projects the target's embedding from here on
@@ -166,7 +169,7 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
             roots += D.fetch_debian_docs(work / "corpora")
         elif item == "stdlib":
             roots.append(D.stdlib_root())
-        elif item != "chat":
+        elif item not in ("chat", "everyday"):
             roots.append(Path(item))
     seqs = {}
     budget = max_tokens
@@ -176,6 +179,10 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
         seqs["chat"] = chat_sequences(loaded, prompts, max_new_tokens=chat_max_new, batch=chat_batch, dtype=dtype,
                                       cache=work / "chat.jsonl")
         budget = max(0, max_tokens - seqs["chat"].size)
+    if "everyday" in data:
+        seqs["everyday"] = chat_sequences(loaded, D.everyday_prompts(held_out=False), max_new_tokens=chat_max_new,
+                                          batch=chat_batch, dtype=dtype, cache=work / "everyday.jsonl")
+        budget = max(0, budget - seqs["everyday"].size)
     if roots and "chat" in data:  # the target's own continuations of document openings
         docs = list(D.iter_documents(roots, held_out=False, min_chars=800))
         openings = [D.prefix(d.text, 300) for d in docs[::max(1, len(docs) // max_regen_text)]][:max_regen_text]
@@ -186,7 +193,7 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
         seqs["text"] = text_sequences(loaded, roots, held_out=False, max_tokens=budget)
         seqs["held_out_text"] = text_sequences(loaded, roots, held_out=True, max_tokens=20 * SEQ_LEN * 4)
     if not seqs:
-        raise ConfigError("no training data", "pass --data debian-docs stdlib chat or your own folders")
+        raise ConfigError("no training data", "pass --data debian-docs stdlib chat everyday or your own folders")
 
     # 2. teacher shards
     if shard_bits not in (16, 4):
@@ -218,10 +225,11 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
     run_dir = work / f"run_{out.name}"
     run_dir.mkdir(exist_ok=True)
     report = train(drafter, train_data, embed, table, train_cfg, run_dir, embed_scale=embed_scale, held_out=held,
-                   max_steps=max_steps)
+                   max_steps=max_steps, minutes=minutes)
     report.update({"data": {name: int(s.size) for name, s in seqs.items()}, "teacher_dtype": str(dtype),
                    "shard_bits": shard_bits, "shard_bytes": sum(p.stat().st_size for ps in shards.values() for p in ps),
                    "drafter": {"hidden_size": hidden_size, "num_layers": num_layers,
+                               "num_heads": drafter.cfg.raw["text_config"]["num_attention_heads"],
                                "intermediate_size": intermediate_size, "num_centroids": num_centroids,
                                "top_k_clusters": top_k_clusters, "head_from": head_from, "table_from": table_from,
                                "parameters": sum(p.numel() for p in drafter.parameters())},

@@ -59,11 +59,13 @@ def batched_greedy(model: Transformer, prompts: list[list[int]], *, max_new_toke
                    dtype: torch.dtype = torch.float32) -> list[list[int]]:
     """Greedy continuations of many prompts at once (left-padded batch, growing K/V by concatenation)."""
     cfg = model.cfg
-    if any(k != "full" for k in cfg.layer_kinds):
-        raise ConfigError("regenerated data (the 'chat' source) needs a full-attention target such as SmolLM2",
-                          "for targets with sliding-window layers pass --data without 'chat'")
     b = len(prompts)
     width = max(map(len, prompts))
+    if "sliding" in cfg.layer_kinds and width + max_new_tokens > cfg.sliding_window:
+        # inside the window a sliding layer sees what a full one sees: one causal mask serves both kinds
+        raise ConfigError(f"regenerated answers of up to {width} + {max_new_tokens} tokens pass the target's sliding "
+                          f"window ({cfg.sliding_window}); batched greedy generation masks every layer alike",
+                          f"lower --regen-tokens to at most {cfg.sliding_window - width} (or shorten the prompts)")
     ids = torch.zeros(b, width, dtype=torch.long)
     valid = torch.zeros(b, width, dtype=torch.bool)
     for i, p in enumerate(prompts):
@@ -73,7 +75,8 @@ def batched_greedy(model: Transformer, prompts: list[list[int]], *, max_new_toke
     n_cached = len(cfg.cached_layers())
     model = cast_model(model, dtype)
     empty = [torch.zeros(b, cfg.kv_heads[l], 0, cfg.head_dims[l], dtype=dtype) for l in cfg.cached_layers()]
-    out = model(ids, pos, {"full": _causal_mask(valid, width)}, empty, list(empty), last_only=True)
+    mask = _causal_mask(valid, width)
+    out = model(ids, pos, {kind: mask for kind in cfg.kinds()}, empty, list(empty), last_only=True)
     ks, vs = out.new_k, out.new_v
     next_tok = out.logits[:, -1].float().argmax(-1)
     results = [[int(t)] for t in next_tok]
@@ -84,7 +87,8 @@ def batched_greedy(model: Transformer, prompts: list[list[int]], *, max_new_toke
             break
         valid = torch.cat([valid, torch.ones(b, 1, dtype=torch.bool)], dim=1)
         last_pos = last_pos + 1
-        out = model(next_tok[:, None], last_pos[:, None], {"full": _causal_mask(valid, 1)}, ks, vs)
+        mask = _causal_mask(valid, 1)
+        out = model(next_tok[:, None], last_pos[:, None], {kind: mask for kind in cfg.kinds()}, ks, vs)
         ks = [torch.cat([k, n], dim=2) for k, n in zip(ks, out.new_k)]
         vs = [torch.cat([v, n], dim=2) for v, n in zip(vs, out.new_v)]
         next_tok = out.logits[:, -1].float().argmax(-1)

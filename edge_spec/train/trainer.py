@@ -203,8 +203,9 @@ class ShardData:
 
 def train(drafter: Drafter, data: ShardData, embed: torch.Tensor, table: torch.Tensor, cfg: TrainConfig,
           work: Path, *, embed_scale: float = 1.0, held_out: ShardData | None = None, progress: bool = True,
-          max_steps: int | None = None) -> dict:
-    """Train in place; resumable from work/checkpoint.pt. Returns a report dict."""
+          max_steps: int | None = None, minutes: float | None = None) -> dict:
+    """Train in place; resumable from work/checkpoint.pt. Returns a report dict. `minutes`: stop this invocation (a
+    checkpoint written) after that long; the schedule stays the whole run's, so the next invocation continues it."""
     from tqdm.auto import tqdm
 
     from edge_spec.train.optim import make_optimizer
@@ -232,7 +233,9 @@ def train(drafter: Drafter, data: ShardData, embed: torch.Tensor, table: torch.T
     bar = tqdm(total=total_steps, initial=step, desc="train drafter", disable=not progress, unit="step")
     drafter.train()
     started = time.perf_counter()
-    while step < total_steps:
+    deadline = None if minutes is None else started + 60 * minutes
+    out_of_time = False
+    while step < total_steps and not out_of_time:
         for tokens, hidden, kv, top in data.batches(cfg.batch_seqs, rng):
             if step >= total_steps:
                 break
@@ -250,15 +253,18 @@ def train(drafter: Drafter, data: ShardData, embed: torch.Tensor, table: torch.T
             bar.update(1)
             if "top1" in metrics[0]:
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=" ".join(f"{m['top1']:.2f}" for m in metrics))
-            if step % cfg.checkpoint_every == 0 or step == total_steps:
+            out_of_time = deadline is not None and time.perf_counter() > deadline
+            if step % cfg.checkpoint_every == 0 or step == total_steps or out_of_time:
                 tmp = ckpt_path.with_suffix(".tmp")
                 torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
                             "history": history, "config": asdict(cfg),
                             "train_seconds": seconds_before + time.perf_counter() - started}, tmp)
                 tmp.replace(ckpt_path)
+            if out_of_time:
+                break
     bar.close()
     drafter.eval()
-    report = {"config": asdict(cfg), "steps": step, "train_seconds": seconds_before + time.perf_counter() - started,
+    report = {"config": asdict(cfg), "steps": step, "total_steps": total_steps, "train_seconds": seconds_before + time.perf_counter() - started,
               "final_train": next((h for h in reversed(history) if "top1" in h["steps"][0]), None)}
     if held_out is not None:
         report["held_out"] = evaluate_loss(drafter, held_out, embed, table, cluster_of, cfg, embed_scale)
