@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     head.add_argument("--model", default="smollm2-135m")
     head.add_argument("--hidden-size", type=int, default=256, help="drafter hidden size (default 256)")
     head.add_argument("--layers", type=int, default=2, help="drafter layers (default 2)")
+    head.add_argument("--heads", type=int, default=None, help="drafter query heads (default: as train-drafter's)")
+    head.add_argument("--intermediate-size", type=int, default=1024, help="drafter MLP width (default 1024)")
+    head.add_argument("--clusters", type=int, nargs="+", default=[512, 1024, 2048],
+                      help="vocabulary cluster counts to measure (default 512 1024 2048)")
     head.add_argument("--top-k", type=int, default=32, help="clusters kept per step (default 32)")
     head.add_argument("--repeats", type=int, default=50)
     head.add_argument("--json", default=None, help="also write the rows as JSON to this file")

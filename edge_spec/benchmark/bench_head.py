@@ -28,8 +28,9 @@ def _median_s(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-def run(model: str = "smollm2-135m", *, hidden_size: int = 256, num_layers: int = 2, top_k: int = 32,
-        clusters: tuple[int, ...] = (512, 1024, 2048), context: int = 256, repeats: int = 50) -> list[dict]:
+def run(model: str = "smollm2-135m", *, hidden_size: int = 256, num_layers: int = 2, num_heads: int | None = None,
+        intermediate_size: int = 1024, top_k: int = 32, clusters: tuple[int, ...] = (512, 1024, 2048),
+        context: int = 256, repeats: int = 50) -> list[dict]:
     from edge_spec.loading.checkpoints import load
     from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 
@@ -43,8 +44,9 @@ def run(model: str = "smollm2-135m", *, hidden_size: int = 256, num_layers: int 
     rows = []
     variants = [("dense", None)] + [("clustered", c) for c in clusters]
     for name, c in variants:
-        drafter = new_drafter(cfg, hidden_size=hidden_size, num_layers=num_layers, clustered=c is not None,
-                              num_centroids=c or 1024, top_k_clusters=top_k)
+        drafter = new_drafter(cfg, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                              intermediate_size=intermediate_size, clustered=c is not None, num_centroids=c or 1024,
+                              top_k_clusters=top_k)
         runner = TorchDrafter(drafter, backend, check_pair(cfg, drafter.cfg))
         runner.begin(session.length, session.state.drafter_masks(), session.length)
         step_s = _median_s(lambda: runner.step(ids[-1], out.hidden[-1]), repeats)
@@ -55,24 +57,27 @@ def run(model: str = "smollm2-135m", *, hidden_size: int = 256, num_layers: int 
             head_s = _median_s(head, repeats * 4)
         macs = hidden_size * (c + top_k * cfg.vocab_size // c) if c else hidden_size * cfg.vocab_size
         rows.append({"head": name, "clusters": c, "top_k": top_k if c else None,
-                     "candidates": drafter.cfg.candidates_per_step, "head_macs": macs, "head_ms": head_s * 1e3,
+                     "candidates": drafter.cfg.candidates_per_step, "vocab": cfg.vocab_size,
+                     "skipped": 1 - drafter.cfg.candidates_per_step / cfg.vocab_size, "head_macs": macs, "head_ms": head_s * 1e3,
                      "drafter_step_ms": step_s * 1e3, "target_step_ms": target_step * 1e3,
                      "drafter_vs_target": step_s / target_step})
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| head | clusters | top-k | candidates | head MMACs | head ms | drafter step ms | target step ms | step / target |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| head | clusters | top-k | candidates | vocabulary skipped | head MMACs | head ms | drafter step ms | "
+             "target step ms | step / target |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['head']} | {r['clusters'] or '-'} | {r['top_k'] or '-'} | {r['candidates']} | "
+                     f"{100 * r['skipped']:.1f}% | "
                      f"{r['head_macs'] / 1e6:.2f} | {r['head_ms']:.3f} | {r['drafter_step_ms']:.2f} | "
                      f"{r['target_step_ms']:.2f} | {100 * r['drafter_vs_target']:.1f}% |")
     return "\n".join(lines)
 
 
 def main(args) -> int:
-    rows = run(args.model, hidden_size=args.hidden_size, num_layers=args.layers, top_k=args.top_k,
+    rows = run(args.model, hidden_size=args.hidden_size, num_layers=args.layers, num_heads=args.heads,
+               intermediate_size=args.intermediate_size, top_k=args.top_k, clusters=tuple(args.clusters),
                repeats=args.repeats)
     print(markdown(rows))
     if args.json:
