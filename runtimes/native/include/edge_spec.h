@@ -38,6 +38,9 @@ typedef struct es_open_options {
   int32_t verify_checksums; /* 1 (default): sha256 of every file the runner loads, as the Python runtime does */
   int32_t host_check;       /* 1 (default): run the exactness check on this device's kernels at open; spec off
                                (with a notice in es_stats.notice) where verify rows != decode steps */
+  const char* compute_units; /* coreml bundles (macOS 15 / iOS 18 builds): "all" | "cpu_and_ne" | "cpu_and_gpu" |
+                               "cpu"; NULL or "" (default): all. Refused for other formats. Added after threads,
+                               verify_checksums and host_check: fill the struct with es_default_open_options first */
 } es_open_options;
 
 typedef struct es_generate_options {

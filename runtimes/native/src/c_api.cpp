@@ -158,6 +158,7 @@ void es_default_open_options(es_open_options* out) {
   out->threads = 0;
   out->verify_checksums = 1;
   out->host_check = 1;
+  out->compute_units = nullptr;
 }
 
 void es_default_generate_options(es_generate_options* out) {
@@ -197,6 +198,7 @@ es_status es_open(const char* bundle_dir, const es_open_options* options, es_run
     open.threads = o.threads;
     open.verify_checksums = o.verify_checksums != 0;
     open.host_check = o.host_check != 0;
+    if (o.compute_units) open.compute_units = o.compute_units;
     r->engine = es::Engine::open(bundle_dir, open);
     try {
       r->text = es::TextCodec::open(bundle_dir, r->engine->manifest());

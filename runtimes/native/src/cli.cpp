@@ -33,6 +33,7 @@ const char* const USAGE =
     "  --no-lookup             no prompt-lookup (retrieval) drafting\n"
     "  --ignore-eos            generate max-new-tokens even past an end-of-sequence token\n"
     "  --threads N             intra-op threads: XNNPACK's (executorch), onnxruntime's (onnx); default: the runtime's\n"
+    "  --compute-units U       coreml bundles: all (default) | cpu_and_ne | cpu_and_gpu | cpu (Core ML's devices)\n"
     "  --no-host-check         skip the exactness probe at open\n"
     "  --no-checksums          skip the sha256 of the bundle's files\n"
     "  --check                 print the host check's verdict (JSON) and exit\n"
@@ -113,6 +114,7 @@ Args parse(int argc, char** argv, bool request = false) {
     else if (f == "--no-lookup") a.gen.lookup = false;
     else if (f == "--ignore-eos") a.gen.ignore_eos = true;
     else if (f == "--threads") a.open.threads = int(number());
+    else if (f == "--compute-units") a.open.compute_units = value();
     else if (f == "--no-host-check") a.open.host_check = false;
     else if (f == "--no-checksums") a.open.verify_checksums = false;
     else if (f == "--check") a.check = true;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "coreml_backend.h"
 #include "errors.h"
 #include "executorch_backend.h"
 #include "json.h"
@@ -46,28 +47,65 @@ class OracleDrafter : public DrafterBackend {
   int64_t position_ = 0, offset_ = 0;
 };
 
+// The formats this build runs (formats.txt says the same: CMakeLists.txt).
+std::vector<std::string> built_formats() {
+  std::vector<std::string> out = {"executorch"};
+#ifdef ES_HAVE_ORT
+  out.push_back("onnx");
+#endif
+#ifdef ES_HAVE_COREML
+  out.push_back("coreml");
+#endif
+  return out;
+}
+
 // The manifest's format picks the backend; a format this build has no runtime for is refused naming the fix.
 std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backend(const std::string& folder,
-                                                                                  const Manifest& m, int threads) {
-  if (m.format == "executorch") return open_executorch(folder, m, threads);
+                                                                                  const Manifest& m,
+                                                                                  const OpenOptions& o) {
+  if (m.format == "executorch") return open_executorch(folder, m, o.threads);
 #ifdef ES_HAVE_ORT
-  if (m.format == "onnx") return open_ort(folder, m, threads);
-  const char* runs = "executorch and onnx bundles";
-  const std::string formats = "executorch|onnx";
-#else
-  const char* runs = "executorch bundles; it was built without onnxruntime";
-  const std::string formats = "executorch";
+  if (m.format == "onnx") return open_ort(folder, m, o.threads);
 #endif
-  std::string fix = "export the bundle with --format " + formats + ", or run it with the Python runtime: edge-spec "
+#ifdef ES_HAVE_COREML
+  if (m.format == "coreml") return open_coreml(folder, m, o.compute_units);  // threads: not Core ML's (coreml.py)
+#endif
+  const std::vector<std::string> formats = built_formats();
+  std::string runs, flags;
+  for (size_t i = 0; i < formats.size(); ++i) {
+    runs += (i == 0 ? "" : i + 1 == formats.size() ? " and " : ", ") + formats[i];
+    flags += (i ? "|" : "") + formats[i];
+  }
+  runs += " bundles";
+#ifndef ES_HAVE_ORT
+  runs += "; it was built without onnxruntime";
+#endif
+  std::string fix = "export the bundle with --format " + flags + ", or run it with the Python runtime: edge-spec "
                     "generate --bundle " + folder;
 #ifndef ES_HAVE_ORT
   if (m.format == "onnx")
     fix = "rebuild the runner with onnxruntime (make native with npm installed: apt-get install npm; the CMake "
           "warning says what was missing), or run it with the Python runtime: edge-spec generate --bundle " + folder;
 #endif
+#ifndef ES_HAVE_COREML
+  if (m.format == "coreml")
+    fix = "run it with a macOS or iOS build of this runner (CMake compiles the Core ML backend on Apple platforms: "
+          "runtimes/native/README.md), or with the Python runtime on a Mac: edge-spec generate --bundle " + folder +
+          "; or export the bundle with --format " + flags;
+#endif
   throw bundle_error(join_path(folder, MANIFEST_FILE) + ": this native runner has no runtime for '" + m.format +
                          "' bundles (it runs " + runs + ")",
                      fix);
+}
+
+// A format's own open option given for another format's bundle is refused, as edge_spec.contract.formats
+// check_options refuses it (--compute-units is the coreml row's).
+void check_open_options(const Manifest& m, const OpenOptions& o) {
+  if (o.compute_units.empty()) return;
+  if (m.format != "coreml")
+    throw config_error("--compute-units applies to coreml bundles, not the native-" + m.format + " runtime",
+                       "drop --compute-units");
+  check_compute_units(o.compute_units);
 }
 
 }  // namespace
@@ -76,7 +114,8 @@ std::unique_ptr<Engine> Engine::open(const std::string& folder, const OpenOption
   std::unique_ptr<Engine> e(new Engine());
   e->folder_ = folder;
   e->manifest_ = read_manifest(folder, options.verify_checksums);
-  auto pair = open_backend(folder, e->manifest_, options.threads);
+  check_open_options(e->manifest_, options);
+  auto pair = open_backend(folder, e->manifest_, options);
   e->backend_ = std::move(pair.first);
   e->drafter_ = std::move(pair.second);
   e->session_.reset(new Session(*e->backend_));

@@ -19,7 +19,8 @@
 namespace es {
 
 struct OpenOptions {
-  int threads = 0;              // 0: the backend's default
+  int threads = 0;              // 0: the backend's default (coreml bundles: Core ML picks its own)
+  std::string compute_units;    // coreml bundles: all | cpu_and_ne | cpu_and_gpu | cpu ("": all); others refuse it
   bool verify_checksums = true;  // sha256 of every file in the manifest
   bool host_check = true;        // probe exactness at open (bundles with a drafter)
   bool fresh_check = false;      // probe even when a cached verdict exists (hostcheck.h `checked`)
