@@ -26,7 +26,7 @@ import numpy as np
 from edge_spec.errors import ConfigError
 from edge_spec.peers.times import SETTLE_S
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent / "assets" / "prompts" / "bench.jsonl"
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "bench.jsonl"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""`edge-spec bench-head`: the rows' arithmetic (candidates, vocabulary skipped, MACs), not its timings."""
+"""`edge-spec bench-head`: the rows' arithmetic (candidates, vocabulary skipped, MACs), not its timings; bench's defaults."""
 
 from edge_spec.benchmark.bench_head import markdown, run
 
@@ -16,3 +16,11 @@ def test_bench_head_rows_count_the_candidates_and_the_vocabulary_skipped(tiny_ll
         assert row["head_macs"] == 32 * (clusters + 2 * vocab // clusters)
     table = markdown(rows)
     assert table.count("\n") == 4 and f"| clustered | 16 | 2 | {c16['candidates']} | 87.5% |" in table
+
+
+def test_the_default_prompt_files_exist():
+    """bench's and eval-drafter's defaults (a subpackage move once left bench's pointing nowhere)."""
+    from edge_spec.benchmark.bench import DEFAULT_PROMPTS as BENCH
+    from edge_spec.train.evaluate import DEFAULT_PROMPTS as HELDOUT, read_prompts
+
+    assert len(read_prompts(BENCH)) >= 3 and len(read_prompts(HELDOUT)) >= 3
