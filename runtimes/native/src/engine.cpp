@@ -8,6 +8,7 @@
 #include "json.h"
 #ifdef ES_HAVE_ORT
 #include "ort_backend.h"
+#include "qnn_backend.h"
 #endif
 
 namespace es {
@@ -46,14 +47,23 @@ class OracleDrafter : public DrafterBackend {
   int64_t position_ = 0, offset_ = 0;
 };
 
-// The manifest's format picks the backend; a format this build has no runtime for is refused naming the fix.
+// The manifest's format picks the backend; a format this build has no runtime for is refused naming the fix, and so
+// is a provider the format's backend does not have.
 std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backend(const std::string& folder,
-                                                                                  const Manifest& m, int threads) {
-  if (m.format == "executorch") return open_executorch(folder, m, threads);
+                                                                                  const Manifest& m,
+                                                                                  const OpenOptions& o) {
+  const bool native_format = m.format == "executorch" || m.format == "onnx" || m.format == "qnn";
+  if (native_format && m.format != "qnn" && !o.provider.empty() && !(m.format == "onnx" && o.provider == "cpu"))
+    throw config_error("the native " + m.format + " backend has no provider '" + o.provider + "'" +
+                           (m.format == "onnx" ? " (it runs onnxruntime's CPU provider)" : ""),
+                       "drop --provider (it chooses qnn bundles' qnn | cpu), or run the bundle with the Python "
+                       "runtime: edge-spec generate --bundle " + folder + " --provider " + o.provider);
+  if (m.format == "executorch") return open_executorch(folder, m, o.threads);
 #ifdef ES_HAVE_ORT
-  if (m.format == "onnx") return open_ort(folder, m, threads);
-  const char* runs = "executorch and onnx bundles";
-  const std::string formats = "executorch|onnx";
+  if (m.format == "onnx") return open_ort(folder, m, o.threads);
+  if (m.format == "qnn") return open_qnn(folder, m, o.threads, QnnOptions{o.provider, o.qnn_ep});
+  const char* runs = "executorch, onnx and qnn bundles";
+  const std::string formats = "executorch|onnx|qnn";
 #else
   const char* runs = "executorch bundles; it was built without onnxruntime";
   const std::string formats = "executorch";
@@ -61,7 +71,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backen
   std::string fix = "export the bundle with --format " + formats + ", or run it with the Python runtime: edge-spec "
                     "generate --bundle " + folder;
 #ifndef ES_HAVE_ORT
-  if (m.format == "onnx")
+  if (m.format == "onnx" || m.format == "qnn")
     fix = "rebuild the runner with onnxruntime (make native with npm installed: apt-get install npm; the CMake "
           "warning says what was missing), or run it with the Python runtime: edge-spec generate --bundle " + folder;
 #endif
@@ -76,7 +86,7 @@ std::unique_ptr<Engine> Engine::open(const std::string& folder, const OpenOption
   std::unique_ptr<Engine> e(new Engine());
   e->folder_ = folder;
   e->manifest_ = read_manifest(folder, options.verify_checksums);
-  auto pair = open_backend(folder, e->manifest_, options.threads);
+  auto pair = open_backend(folder, e->manifest_, options);
   e->backend_ = std::move(pair.first);
   e->drafter_ = std::move(pair.second);
   e->session_.reset(new Session(*e->backend_));
