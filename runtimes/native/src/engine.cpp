@@ -56,8 +56,9 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backen
   if (native_format && m.format != "qnn" && !o.provider.empty() && !(m.format == "onnx" && o.provider == "cpu"))
     throw config_error("the native " + m.format + " backend has no provider '" + o.provider + "'" +
                            (m.format == "onnx" ? " (it runs onnxruntime's CPU provider)" : ""),
-                       "drop --provider (it chooses qnn bundles' qnn | cpu), or run the bundle with the Python "
-                       "runtime: edge-spec generate --bundle " + folder + " --provider " + o.provider);
+                       m.format == "onnx" ? "drop --provider, or run the bundle with the Python runtime: edge-spec "
+                                            "generate --bundle " + folder + " --provider " + o.provider
+                                          : std::string("drop --provider (it chooses qnn bundles' qnn | cpu)"));
   if (m.format == "executorch") return open_executorch(folder, m, o.threads);
 #ifdef ES_HAVE_ORT
   if (m.format == "onnx") return open_ort(folder, m, o.threads);
