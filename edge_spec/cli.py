@@ -50,7 +50,7 @@ def _add_model(p: argparse.ArgumentParser, native: bool = False) -> None:
                         "when it has a drafter (--no-spec for plain)")
     p.add_argument("--runtime", default=None, choices=list(formats.runtimes()) + (["native"] if native else []),
                    help=cli_options.runtime_help() + ("; native: the C++ runner (make native) on "
-                                                      f"{' and '.join(formats.native_formats())} bundles" if native else ""))
+                                                      f"{'/'.join(formats.native_formats())} bundles" if native else ""))
     cli_options.add_format_options(p, RUN)
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache size in tokens (default min(2048, model max); a bundle's own by default)")

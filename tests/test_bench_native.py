@@ -106,7 +106,7 @@ def test_bench_native_refuses_model_and_other_formats(prompts, tmp_path, capsys)
     coreml.mkdir()
     (coreml / "manifest.json").write_text(json.dumps({"format": "coreml"}))
     err = _refused(["--bundle", str(coreml), "--prompts", str(prompts)], capsys)
-    assert "runs executorch and onnx bundles, not 'coreml' ones" in err and "--format executorch" in err
+    assert "runs executorch, onnx and qnn bundles, not 'coreml' ones" in err and "--format executorch" in err
 
 
 def test_bench_native_names_the_build_and_the_options_it_lacks(prompts, tmp_path, capsys):

@@ -227,6 +227,9 @@ def test_bad_arguments_fail_before_any_work(native, llama_pte):
     assert "context overflow" in run(native, llama_pte, [5, 6], "--max-new-tokens", "500", check=False).stderr
     assert "temperature must be" in run(native, llama_pte, [5, 6], "--temperature", "-1", check=False).stderr
     assert "outside the vocabulary" in run(native, llama_pte, [5, 100000], check=False).stderr
+    # --provider chooses a qnn bundle's qnn | cpu (tests/test_native_qnn.py); the executorch backend has none
+    err = run(native, llama_pte, [5, 6], "--provider", "cpu", check=False).stderr
+    assert "the native executorch backend has no provider 'cpu'" in err
 
 
 # ---- seeded sampling: one portable RNG in both languages ------------------------------------------------------

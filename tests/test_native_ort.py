@@ -230,4 +230,4 @@ def test_damaged_onnx_bundles_and_other_formats_are_refused(ort_native, llama_on
     del raw["graphs"]["drafter"]
     (folder / MANIFEST).write_text(json.dumps(raw))
     err = _refusal(ort_native, folder)
-    assert "has no runtime for 'coreml' bundles (it runs executorch and onnx bundles)" in err and "fix:" in err
+    assert "has no runtime for 'coreml' bundles (it runs executorch, onnx and qnn bundles)" in err and "fix:" in err

@@ -46,7 +46,8 @@ def check_format(bundle_format: str, runner: Path | None = None) -> None:
     build without that backend (its formats.txt, written by CMake beside it, says which)."""
     names = native_formats()
     if bundle_format not in names:
-        raise ConfigError(f"the native runner runs {' and '.join(names)} bundles, not {bundle_format!r} ones",
+        listed = " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
+        raise ConfigError(f"the native runner runs {listed} bundles, not {bundle_format!r} ones",
                           f"export the bundle with --format {' or --format '.join(names)}, or bench it with its own "
                           "runtime (drop --runtime native)")
     if runner is None:
@@ -62,11 +63,13 @@ class NativeRunner:
     """One `edge-spec-run --requests -` process: `header` is its first line (runtime, min_rows, host_check and its
     summary), `generate` one request."""
 
-    def __init__(self, runner: Path, bundle: Path, threads: int | None):
+    def __init__(self, runner: Path, bundle: Path, threads: int | None, provider: str | None = None):
         self._err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (the runner's stderr, open as long as it runs)
         command = [str(runner), "--bundle", str(bundle), "--requests", "-"]
         if threads:
             command += ["--threads", str(threads)]
+        if provider:  # qnn bundles: qnn | cpu (the runner refuses what its backend lacks, naming the fix)
+            command += ["--provider", provider]
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      text=True, bufsize=1)
         self.header = self._read("open")
@@ -193,7 +196,8 @@ def main(args, prompts: list[dict]) -> int:
                           f"export one (edge-spec export --format {'|'.join(native_formats())} --out B) and pass --bundle B")
     refused = [flag for flag, given in (("--drafter", args.drafter is not None), ("--peer", bool(args.peer)),
                                         ("--no-spin", args.no_spin), ("--max-context", args.max_context is not None),
-                                        *((f"--{d.replace('_', '-')}", True) for d in given_options(args, RUN)))
+                                        *((f"--{d.replace('_', '-')}", True) for d in given_options(args, RUN)
+                                          if d != "provider"))  # the runner's own --provider
                if given]
     if refused:
         raise ConfigError(f"--runtime native does not take {', '.join(refused)}",
@@ -212,7 +216,7 @@ def main(args, prompts: list[dict]) -> int:
                           "export the bundle with --drafter builtin (or PATH)")
     tokenizer = Tokenizer(bundle)
     prompt_ids = [tokenizer.encode_prompt(p["prompt"], chat=p["chat"]) for p in prompts]
-    runner = NativeRunner(runner_bin, bundle, args.threads)
+    runner = NativeRunner(runner_bin, bundle, args.threads, given_options(args, RUN).get("provider"))
     try:
         head = runner.header
         about = {"runtime": head["runtime"], "precision": manifest.precision, "min_rows": head["min_rows"],

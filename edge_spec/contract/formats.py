@@ -96,7 +96,7 @@ FORMATS = {
     "qnn": Format(
         "qnn", ("16a8w", "8a8w"), BINDING_IO, "qnn", "edge_spec.exporters.qnn", "edge_spec.runtimes.qnn",
         "pip install onnxruntime-qnn==2.7.0", constant_tables=True, fixed_shapes=True,
-        about="static QDQ graphs + context binaries for a Snapdragon HTP", attention="placed",
+        about="static QDQ graphs + context binaries for a Snapdragon HTP", attention="placed", native=True,
         precision_help="16a8w (16-bit activations, 8-bit weights, QDQ) or 8a8w",
         options=(Option(("--soc",), "soc", "the Snapdragon SoC the context binaries are compiled for (default sm8650, "
                         "Snapdragon 8 Gen 3 / Galaxy S24)", choices=("sm8350", "sm8450", "sm8550", "sm8650", "sm8750")),

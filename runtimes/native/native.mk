@@ -7,7 +7,8 @@
 #
 #   make native                 configure + build (Release, 2 jobs: NATIVE_JOBS=N to change)
 #   make native-test            build, then the native runner's tests (tiny bundles; tests/test_native.py,
-#                               tests/test_native_ort.py and tests/test_bench_native.py: edge-spec bench --runtime native)
+#                               tests/test_native_ort.py, tests/test_native_qnn.py and tests/test_bench_native.py:
+#                               edge-spec bench --runtime native)
 NATIVE_BUILD ?= build/native
 NATIVE_JOBS  ?= 2
 NATIVE_CMAKE_ARGS ?=
@@ -23,4 +24,5 @@ native: venv
 	@echo "native runner: $(NATIVE_BUILD)/edge-spec-run, bundle formats: $$(cat $(NATIVE_BUILD)/formats.txt)"
 
 native-test: native
-	$(BIN)/python -m pytest -q tests/test_native.py tests/test_native_ort.py tests/test_bench_native.py -m "not real"
+	$(BIN)/python -m pytest -q tests/test_native.py tests/test_native_ort.py tests/test_native_qnn.py \
+	  tests/test_bench_native.py -m "not real"

@@ -4,6 +4,8 @@
 // --requests - opens the bundle once and then reads generation requests from stdin, one per line (the generation
 // flags below, e.g. `--prompt-ids 1,2,3 --spec-k 2 --fixed-k --max-new-tokens 64`), printing one --json line each
 // after a first line with the host check's verdict: what `edge-spec bench --runtime native` drives.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,8 +34,12 @@ const char* const USAGE =
     "  --no-spec               plain decoding even when the bundle has a drafter\n"
     "  --no-lookup             no prompt-lookup (retrieval) drafting\n"
     "  --ignore-eos            generate max-new-tokens even past an end-of-sequence token\n"
-    "  --threads N             intra-op threads: XNNPACK's (executorch), onnxruntime's (onnx); default: the runtime's\n"
+    "  --threads N             intra-op threads: XNNPACK's (executorch), onnxruntime's (onnx, qnn); default: the runtime's\n"
     "  --compute-units U       coreml bundles: all (default) | cpu_and_ne | cpu_and_gpu | cpu (Core ML's devices)\n"
+    "  --provider qnn|cpu      qnn bundles: the HTP through onnxruntime's QNN EP (default; simulated on x86-64) | the\n"
+    "                          QDQ graphs on onnxruntime's CPU provider (also $EDGE_SPEC_QNN_PROVIDER)\n"
+    "  --qnn-ep PATH           the QNN EP plugin (libonnxruntime_providers_qnn.so; default: $EDGE_SPEC_QNN_EP, else the\n"
+    "                          onnxruntime-qnn wheel's found at build time)\n"
     "  --no-host-check         skip the exactness probe at open\n"
     "  --no-checksums          skip the sha256 of the bundle's files\n"
     "  --check                 print the host check's verdict (JSON) and exit\n"
@@ -115,6 +121,8 @@ Args parse(int argc, char** argv, bool request = false) {
     else if (f == "--ignore-eos") a.gen.ignore_eos = true;
     else if (f == "--threads") a.open.threads = int(number());
     else if (f == "--compute-units") a.open.compute_units = value();
+    else if (f == "--provider" && !request) a.open.provider = value();
+    else if (f == "--qnn-ep" && !request) a.open.qnn_ep = value();
     else if (f == "--no-host-check") a.open.host_check = false;
     else if (f == "--no-checksums") a.open.verify_checksums = false;
     else if (f == "--check") a.check = true;
@@ -139,6 +147,28 @@ Args parse(int argc, char** argv, bool request = false) {
   if (!a.oracle_ids.empty()) a.gen.oracle = es::OracleDrafts{parse_ids(a.oracle_ids), a.wrong};
   return a;
 }
+
+// While alive, what the process writes to stdout goes to stderr: the QNN libraries print a line to stdout when they
+// load (" # LIBNATIVE: No alternate configuration ...", x86-64 simulator), which would break the --json / --requests
+// output; the bundle is opened under this guard.
+class StdoutToStderr {
+ public:
+  StdoutToStderr() {
+    std::fflush(stdout);
+    saved_ = ::dup(1);
+    if (saved_ >= 0) ::dup2(2, 1);
+  }
+  ~StdoutToStderr() {
+    std::fflush(stdout);
+    if (saved_ >= 0) {
+      ::dup2(saved_, 1);
+      ::close(saved_);
+    }
+  }
+
+ private:
+  int saved_ = -1;
+};
 
 std::string read_stdin() {
   std::ostringstream ss;
@@ -226,7 +256,11 @@ int serve(es::Engine& engine) {
 int main(int argc, char** argv) {
   Args a = parse(argc, argv);
   try {
-    auto engine = es::Engine::open(a.bundle, a.open);
+    std::unique_ptr<es::Engine> engine;
+    {
+      StdoutToStderr quiet;  // the backend's libraries may print while they load (and the host check runs)
+      engine = es::Engine::open(a.bundle, a.open);
+    }
     if (a.check) {
       const es::HostCheck& hc = engine->exactness() ? *engine->exactness() : engine->check_host();
       std::printf("%s\n", hc.to_json().c_str());

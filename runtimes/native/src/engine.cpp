@@ -9,6 +9,7 @@
 #include "json.h"
 #ifdef ES_HAVE_ORT
 #include "ort_backend.h"
+#include "qnn_backend.h"
 #endif
 
 namespace es {
@@ -52,6 +53,7 @@ std::vector<std::string> built_formats() {
   std::vector<std::string> out = {"executorch"};
 #ifdef ES_HAVE_ORT
   out.push_back("onnx");
+  out.push_back("qnn");
 #endif
 #ifdef ES_HAVE_COREML
   out.push_back("coreml");
@@ -59,13 +61,21 @@ std::vector<std::string> built_formats() {
   return out;
 }
 
-// The manifest's format picks the backend; a format this build has no runtime for is refused naming the fix.
+// The manifest's format picks the backend; a format this build has no runtime for is refused naming the fix, and so
+// is a provider the format's backend does not have.
 std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backend(const std::string& folder,
                                                                                   const Manifest& m,
                                                                                   const OpenOptions& o) {
+  if (m.format != "qnn" && !o.provider.empty() && !(m.format == "onnx" && o.provider == "cpu"))
+    throw config_error("the native " + m.format + " backend has no provider '" + o.provider + "'" +
+                           (m.format == "onnx" ? " (it runs onnxruntime's CPU provider)" : ""),
+                       m.format == "onnx" ? "drop --provider, or run the bundle with the Python runtime: edge-spec "
+                                            "generate --bundle " + folder + " --provider " + o.provider
+                                          : std::string("drop --provider (it chooses qnn bundles' qnn | cpu)"));
   if (m.format == "executorch") return open_executorch(folder, m, o.threads);
 #ifdef ES_HAVE_ORT
   if (m.format == "onnx") return open_ort(folder, m, o.threads);
+  if (m.format == "qnn") return open_qnn(folder, m, o.threads, QnnOptions{o.provider, o.qnn_ep});
 #endif
 #ifdef ES_HAVE_COREML
   if (m.format == "coreml") return open_coreml(folder, m, o.compute_units);  // threads: not Core ML's (coreml.py)
@@ -83,7 +93,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backen
   std::string fix = "export the bundle with --format " + flags + ", or run it with the Python runtime: edge-spec "
                     "generate --bundle " + folder;
 #ifndef ES_HAVE_ORT
-  if (m.format == "onnx")
+  if (m.format == "onnx" || m.format == "qnn")
     fix = "rebuild the runner with onnxruntime (make native with npm installed: apt-get install npm; the CMake "
           "warning says what was missing), or run it with the Python runtime: edge-spec generate --bundle " + folder;
 #endif

@@ -24,6 +24,10 @@ struct OpenOptions {
   bool verify_checksums = true;  // sha256 of every file in the manifest
   bool host_check = true;        // probe exactness at open (bundles with a drafter)
   bool fresh_check = false;      // probe even when a cached verdict exists (hostcheck.h `checked`)
+  // The execution provider (the Python runtimes' --provider): qnn bundles "qnn" | "cpu" ("": $EDGE_SPEC_QNN_PROVIDER,
+  // else "qnn"), onnx bundles "cpu" only ("": cpu); executorch bundles take none.
+  std::string provider;
+  std::string qnn_ep;  // the QNN EP plugin library ("": $EDGE_SPEC_QNN_EP, else the one found at build time)
 };
 
 // A drafter standing in for the bundle's, for tests: it proposes a known continuation (the plain greedy output),

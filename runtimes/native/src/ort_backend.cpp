@@ -13,28 +13,24 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <map>
 
 #include <onnxruntime_cxx_api.h>
 
 #include "errors.h"
+#include "ort_common.h"
 
 namespace es {
 
 namespace {
 
 const char* const FIX = "re-export the bundle: edge-spec export --format onnx --out DIR";
+const std::string RUN_FIX = "check the bundle with `edge-spec check --bundle B`; " + std::string(FIX);
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string first_line(const std::string& s) {
-  const std::string line = s.substr(0, s.find('\n'));
-  return line.size() > 300 ? line.substr(0, 300) : line;
-}
+using ort::io_names;
+using ort::now_s;
+using ort::tensor;
 
 // ---- a shared table: raw little-endian float32 [rows, cols], memory-mapped read-only ---------------------------
 struct Table {
@@ -174,109 +170,54 @@ struct Runtime {  // the Env and the tables outlive both sessions
   std::vector<Ort::Value> initializers;  // the tables given to a session as initializers: must outlive it
 };
 
-Ort::Value tensor(const Ort::MemoryInfo& cpu, float* data, std::vector<int64_t> shape) {
-  size_t n = 1;
-  for (int64_t d : shape) n *= size_t(d);
-  return Ort::Value::CreateTensor<float>(cpu, data, n, shape.data(), shape.size());
-}
-
-Ort::Value tensor(const Ort::MemoryInfo& cpu, int64_t* data, std::vector<int64_t> shape) {
-  size_t n = 1;
-  for (int64_t d : shape) n *= size_t(d);
-  return Ort::Value::CreateTensor<int64_t>(cpu, data, n, shape.data(), shape.size());
-}
-
 Ort::Value table_tensor(const Runtime& rt, const Table& t) {  // onnxruntime never writes an input or initializer
-  return tensor(rt.cpu, const_cast<float*>(t.data), t.shape);
+  return ort::tensor(rt.cpu, const_cast<float*>(t.data), t.shape);
 }
 
 // runtimes/ort.py make_session: sequential, all graph optimisations, errors-only logging, spinning as asked.
 Ort::Session make_session(Runtime& rt, const std::string& path, int threads, bool spin,
                           const std::vector<std::string>& initializers) {
-  try {
-    Ort::SessionOptions so;
-    so.SetIntraOpNumThreads(threads);  // 0: onnxruntime's default (one per physical core)
-    so.SetInterOpNumThreads(1);
-    so.SetExecutionMode(ORT_SEQUENTIAL);
-    so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
-    so.SetLogSeverityLevel(3);
-    so.AddConfigEntry("session.intra_op.allow_spinning", spin ? "1" : "0");
-    if (!initializers.empty()) {  // the bundle's one copy of each table instead of the graph file's external data
-      std::vector<Ort::Value> values;
-      for (const auto& name : initializers) values.push_back(table_tensor(rt, *rt.tables.at(name)));
-      so.AddExternalInitializers(initializers, values);  // the values reference the mapped tables, no copy
-      for (auto& v : values) rt.initializers.push_back(std::move(v));
-    }
-    return Ort::Session(*rt.env, path.c_str(), so);
-  } catch (const Ort::Exception& err) {
-    throw bundle_error(path + ": onnxruntime " + Ort::GetVersionString() + " cannot load this graph (" +
-                           first_line(err.what()) + ")",
-                       "re-export the bundle with this edge-spec / onnxruntime, or update onnxruntime");
+  Ort::SessionOptions so;
+  so.SetIntraOpNumThreads(threads);  // 0: onnxruntime's default (one per physical core)
+  so.SetInterOpNumThreads(1);
+  so.SetExecutionMode(ORT_SEQUENTIAL);
+  so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+  so.SetLogSeverityLevel(3);
+  so.AddConfigEntry("session.intra_op.allow_spinning", spin ? "1" : "0");
+  if (!initializers.empty()) {  // the bundle's one copy of each table instead of the graph file's external data
+    std::vector<Ort::Value> values;
+    for (const auto& name : initializers) values.push_back(table_tensor(rt, *rt.tables.at(name)));
+    so.AddExternalInitializers(initializers, values);  // the values reference the mapped tables, no copy
+    for (auto& v : values) rt.initializers.push_back(std::move(v));
   }
+  return ort::open_session(*rt.env, path, so,
+                           "re-export the bundle with this edge-spec / onnxruntime, or update onnxruntime");
 }
 
 // runtimes/ort.py check_graph_io: the loaded graph's inputs and outputs (names, order, element types, ranks, fixed
 // dims) are the ones the manifest records, so a graph swapped after export fails here, naming the file.
 void check_graph_io(Ort::Session& session, const GraphIO& io, const std::string& path) {
-  Ort::AllocatorWithDefaultOptions alloc;
+  const ort::SessionIO got = ort::session_io(session);
   for (int pass = 0; pass < 2; ++pass) {
     const auto& want = pass == 0 ? io.inputs : io.outputs;
+    const auto& names = pass == 0 ? got.input_names : got.output_names;
     const std::string role = pass == 0 ? "input" : "output";
-    const size_t n = pass == 0 ? session.GetInputCount() : session.GetOutputCount();
-    std::vector<std::string> names;
-    for (size_t i = 0; i < n; ++i)
-      names.push_back((pass == 0 ? session.GetInputNameAllocated(i, alloc) : session.GetOutputNameAllocated(i, alloc)).get());
-    bool same = names.size() == want.size();
-    for (size_t i = 0; same && i < n; ++i) same = names[i] == want[i].name;
-    if (!same) {
-      std::string got, expected;
-      for (const auto& s : names) got += (got.empty() ? "" : ", ") + s;
+    if (names != io_names(want)) {
+      std::string have, expected;
+      for (const auto& s : names) have += (have.empty() ? "" : ", ") + s;
       for (const auto& w : want) expected += (expected.empty() ? "" : ", ") + w.name;
-      throw bundle_error(path + ": graph " + role + "s [" + got + "] differ from the manifest's [" + expected + "]",
+      throw bundle_error(path + ": graph " + role + "s [" + have + "] differ from the manifest's [" + expected + "]",
                          "re-export the bundle (the graph file does not belong to this manifest)");
     }
-    for (size_t i = 0; i < n; ++i) {
-      const Ort::TypeInfo type_info = pass == 0 ? session.GetInputTypeInfo(i) : session.GetOutputTypeInfo(i);
-      const auto info = type_info.GetTensorTypeAndShapeInfo();  // a view into type_info
-      const auto type = info.GetElementType();
-      const auto shape = info.GetShape();  // symbolic dims: -1
-      const TensorSpec& w = want[i];
-      bool ok = type == (w.dtype == "int64" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) &&
-                shape.size() == w.shape.size();
-      for (size_t j = 0; ok && j < shape.size(); ++j)
-        if (w.shape[j].find_first_not_of("0123456789") == std::string::npos) ok = shape[j] == std::stoll(w.shape[j]);
+    for (const TensorSpec& w : want) {
+      const ort::TensorInfo& info = (pass == 0 ? got.inputs : got.outputs).at(w.name);  // symbolic dims: -1
+      bool ok = ort::type_name(info.type) == w.dtype && info.shape.size() == w.shape.size();
+      for (size_t j = 0; ok && j < info.shape.size(); ++j)
+        if (w.shape[j].find_first_not_of("0123456789") == std::string::npos) ok = info.shape[j] == std::stoll(w.shape[j]);
       if (!ok)
         throw bundle_error(path + ": graph " + role + " " + w.name + " differs from the manifest's " + w.describe(),
                            FIX);
     }
-  }
-}
-
-std::vector<const char*> c_names(const std::vector<std::string>& names) {
-  std::vector<const char*> out;
-  for (const auto& n : names) out.push_back(n.c_str());
-  return out;
-}
-
-std::vector<std::string> io_names(const std::vector<TensorSpec>& specs) {
-  std::vector<std::string> out;
-  for (const auto& s : specs) out.push_back(s.name);
-  return out;
-}
-
-// Run with every input and output given by name (the graph's order); outputs are preallocated (written in place).
-void run(Ort::Session& session, const std::vector<std::string>& in_names, std::map<std::string, Ort::Value>& in,
-         const std::vector<std::string>& out_names, std::map<std::string, Ort::Value>& out, const std::string& path) {
-  std::vector<Ort::Value> inputs, outputs;
-  for (const auto& n : in_names) inputs.push_back(std::move(in.at(n)));
-  for (const auto& n : out_names) outputs.push_back(std::move(out.at(n)));
-  const auto ic = c_names(in_names), oc = c_names(out_names);
-  try {
-    session.Run(Ort::RunOptions{nullptr}, ic.data(), inputs.data(), inputs.size(), oc.data(), outputs.data(),
-                outputs.size());
-  } catch (const Ort::Exception& err) {
-    throw backend_error(path + ": onnxruntime failed to run the graph (" + first_line(err.what()) + ")",
-                        "check the bundle with `edge-spec check --bundle B`; " + std::string(FIX));
   }
 }
 
@@ -334,7 +275,7 @@ class OrtBackend : public Backend {
       out.emplace("v_new." + layer, tensor(rt_->cpu, v_new_[i].data(), {1, h, t, d}));
     }
     const double start = now_s();
-    run(session_, in_names_, in, out_names_, out, path_);
+    ort::run(session_, in_names_, in, out_names_, out, path_, RUN_FIX);
     kernel_s += now_s() - start;
     pending_ = t;
     const int first = last_only ? t - 1 : 0;
@@ -418,7 +359,7 @@ class OrtDrafter : public DrafterBackend {
     out.emplace("draft_logits", tensor(rt_->cpu, out_logits_.data(), {int64_t(candidates_)}));  // [N]
     out.emplace("draft_hidden", tensor(rt_->cpu, out_hidden_.data(), {1, 1, int64_t(hidden_size_)}));
     const double start = now_s();
-    run(session_, in_names_, in, out_names_, out, path_);
+    ort::run(session_, in_names_, in, out_names_, out, path_, RUN_FIX);
     kernel_s += now_s() - start;
     return DraftStep{out_ids_, out_logits_, out_hidden_};
   }
@@ -470,10 +411,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_sessio
 std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_ort(const std::string& folder,
                                                                               const Manifest& m, int threads) {
   if (threads < 0) throw config_error("threads must be >= 0, got " + std::to_string(threads), "use --threads 2");
-  if (!OrtGetApiBase()->GetApi(ORT_API_VERSION))  // a library older than the headers the runner was built with
-    throw backend_error("onnxruntime " + std::string(OrtGetApiBase()->GetVersionString()) + " does not serve API " +
-                            "version " + std::to_string(ORT_API_VERSION) + " (this runner's headers)",
-                        "install onnxruntime >= 1." + std::to_string(ORT_API_VERSION) + " and rebuild: make native");
+  ort::check_api();
   if (m.binding != BINDING_IO)
     throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the onnx backend runs the `io` binding, this bundle's is '" +
                            m.binding + "'",
@@ -481,7 +419,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_ort(co
   try {
     return open_sessions(folder, m, threads);
   } catch (const Ort::Exception& err) {  // anything make_session / check_graph_io did not name
-    throw backend_error("onnxruntime " + Ort::GetVersionString() + ": " + first_line(err.what()),
+    throw backend_error("onnxruntime " + Ort::GetVersionString() + ": " + ort::first_line(err.what()),
                         "check the bundle with `edge-spec check --bundle " + folder + "`");
   }
 }

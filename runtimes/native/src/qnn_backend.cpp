@@ -1,0 +1,396 @@
+// qnn_backend.cpp - see qnn_backend.h. Read top to bottom: the target (runtimes/fixed.py FixedBackend: padded
+// passes, the first pass through the host sink, commit), the drafter (FixedDrafter), opening the graphs (runtimes/qnn.py
+// open_session / open_bundle). The fixed shapes, the IO check and the placed form's feeds are in qnn_fixed.h.
+//
+// Compiled only with ES_HAVE_ORT (an empty file otherwise; engine.cpp then refuses qnn bundles).
+#ifdef ES_HAVE_ORT
+#include "qnn_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "errors.h"
+#include "ort_common.h"
+#include "qnn_ep.h"
+#include "qnn_fixed.h"
+
+namespace es {
+
+const char* const QNN_PROVIDER_ENV = "EDGE_SPEC_QNN_PROVIDER";
+
+namespace {
+
+using qnn::FIX;
+using qnn::FixedShapes;
+using qnn::Graph;
+const std::string RUN_FIX = "check the bundle with `edge-spec check --bundle B`; " + std::string(FIX);
+
+// One pass's real rows: logits [t, V], hidden [t, H], per cached layer the new keys and values [H_kv, t, D].
+struct Rows {
+  int t = 0;
+  std::vector<float> logits, hidden;
+  std::vector<std::vector<float>> k, v;
+};
+
+// ---- the target ----------------------------------------------------------------------------------------------------
+class QnnBackend : public Backend {
+ public:
+  QnnBackend(std::shared_ptr<Ort::Env> env, std::map<int, Graph> graphs, std::unique_ptr<Graph> sink,
+             const Manifest& m, FixedShapes fixed, std::string identity)
+      : shapes(std::move(fixed)), env_(std::move(env)), graphs_(std::move(graphs)), sink_(std::move(sink)),
+        layout_(m.layout), vocab_(m.vocab_size), hidden_(m.hidden_size), identity_(std::move(identity)) {
+    for (const auto& c : layout_.caches) {
+      const size_t n = size_t(c.num_kv_heads) * shapes.slots.at(c.kind) * c.head_dim;
+      k.emplace_back(n, 0.0f);
+      v.emplace_back(n, 0.0f);
+    }
+  }
+
+  const KVLayout& layout() const override { return layout_; }
+  int vocab_size() const override { return vocab_; }
+  int hidden_size() const override { return hidden_; }
+  std::string identity() const override { return identity_; }
+  // no buckets: every pass binds all S_f slots (bucket_size 0, as FixedBackend has none)
+
+  StepOutput forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Masks& masks,
+                     int64_t n_cached, bool last_only) override {
+    const int t = int(ids.size());
+    pending_ = sink_ && n_cached == 0 ? first_pass(ids, positions, masks) : run(graph_for(t), ids, positions, masks);
+    const int first = last_only ? t - 1 : 0;
+    StepOutput out;
+    out.rows = t - first;
+    out.logits.assign(pending_.logits.begin() + size_t(first) * vocab_, pending_.logits.end());
+    out.hidden.assign(pending_.hidden.begin() + size_t(first) * hidden_, pending_.hidden.end());
+    return out;
+  }
+
+  void commit(const CommitPlan& plan) override {  // the `io` binding: the runner writes the accepted rows
+    if (!pending_.t) throw kv_state_error("commit without a forward", "call forward before commit");
+    for (size_t i = 0; i < layout_.caches.size(); ++i) {
+      const CacheSpec& c = layout_.caches[i];
+      const auto& rows = plan.at(c.kind).first;
+      const auto& slots = plan.at(c.kind).second;
+      const size_t s_f = size_t(shapes.slots.at(c.kind)), d = size_t(c.head_dim), t = size_t(pending_.t);
+      for (int h = 0; h < c.num_kv_heads; ++h)
+        for (size_t j = 0; j < rows.size(); ++j) {
+          const size_t src = (h * t + size_t(rows[j])) * d, dst = (h * s_f + size_t(slots[j])) * d;
+          std::memcpy(k[i].data() + dst, pending_.k[i].data() + src, d * sizeof(float));
+          std::memcpy(v[i].data() + dst, pending_.v[i].data() + src, d * sizeof(float));
+        }
+    }
+    pending_ = Rows();
+  }
+
+  void reset() override { pending_ = Rows(); }  // stale rows stay in the caches; KVState's masks hide them
+
+  const FixedShapes shapes;
+  std::vector<std::vector<float>> k, v;  // per cached layer [1, H_kv, S_f, D]
+  Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+
+ private:
+  Graph& graph_for(int t) {  // runtimes/fixed.py length_for: the smallest exported length >= t
+    auto it = graphs_.lower_bound(t);
+    if (it == graphs_.end())
+      throw config_error("one forward over " + std::to_string(t) + " tokens exceeds this bundle's longest graph (" +
+                             std::to_string(graphs_.rbegin()->first) + " tokens)",
+                         "use a smaller --spec-k, or re-export with --max-pass");
+    return it->second;
+  }
+
+  // One padded call of `g` (length n >= t) over t real rows; masks: kind -> [t, S + t].
+  Rows run(Graph& g, const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Masks& masks) {
+    const int t = int(ids.size()), n = g.n;
+    ids_.resize(size_t(n));
+    pos_.resize(size_t(n));
+    for (int i = 0; i < n; ++i) {  // pad rows: the last token again, at the next positions
+      ids_[i] = int32_t(i < t ? ids[i] : ids[t - 1]);
+      pos_[i] = int32_t(i < t ? positions[i] : positions[t - 1] + 1 + (i - t));
+    }
+    std::map<std::string, Ort::Value> in, out;
+    in.emplace("input_ids", ort::tensor(cpu, ids_.data(), {1, n}));  // [1, n] int32
+    in.emplace("position_ids", ort::tensor(cpu, pos_.data(), {1, n}));
+    for (const auto& kind : layout_.kinds()) {
+      const int s = layout_.slots(kind), s_f = shapes.slots.at(kind);
+      auto& f = feeds_[kind];
+      f.mask.resize(size_t(n) * s_f);
+      f.keep.resize(size_t(n) * s_f);
+      f.index.resize(size_t(s_f));
+      qnn::slot_feeds(masks.at(kind), positions, n, s, s_f, kind == SLIDING, shapes.mask_floor, f.mask.data(),
+                      f.keep.data(), f.index.data());
+      in.emplace("mask." + kind, ort::tensor(cpu, f.mask.data(), {1, 1, n, s_f}));  // [1, 1, n, S_f]
+      in.emplace("keep." + kind, ort::tensor(cpu, f.keep.data(), {1, 1, n, s_f}));
+      in.emplace("slot_index." + kind, ort::tensor(cpu, f.index.data(), {s_f}));  // [S_f] int32
+    }
+    logits_.resize(size_t(n) * vocab_);
+    hiddens_.resize(size_t(n) * hidden_);
+    out.emplace("logits", ort::tensor(cpu, logits_.data(), {1, n, vocab_}));    // [1, n, V]
+    out.emplace("hidden", ort::tensor(cpu, hiddens_.data(), {1, n, hidden_}));  // [1, n, H]
+    k_new_.resize(layout_.caches.size());
+    v_new_.resize(layout_.caches.size());
+    for (size_t i = 0; i < layout_.caches.size(); ++i) {
+      const CacheSpec& c = layout_.caches[i];
+      const int64_t h = c.num_kv_heads, s_f = shapes.slots.at(c.kind), d = c.head_dim;
+      const std::string layer = std::to_string(c.layer);
+      in.emplace("k_cache." + layer, ort::tensor(cpu, k[i].data(), {1, h, s_f, d}));  // [1, H_kv, S_f, D]
+      in.emplace("v_cache." + layer, ort::tensor(cpu, v[i].data(), {1, h, s_f, d}));
+      k_new_[i].resize(size_t(h * n * d));
+      v_new_[i].resize(size_t(h * n * d));
+      out.emplace("k_new." + layer, ort::tensor(cpu, k_new_[i].data(), {1, h, n, d}));  // [1, H_kv, n, D]
+      out.emplace("v_new." + layer, ort::tensor(cpu, v_new_[i].data(), {1, h, n, d}));
+    }
+    const double start = ort::now_s();
+    ort::run(g.session, g.io.input_names, in, g.io.output_names, out, g.path, RUN_FIX);
+    kernel_s += ort::now_s() - start;
+    Rows r;  // the real rows
+    r.t = t;
+    r.logits.assign(logits_.begin(), logits_.begin() + size_t(t) * vocab_);
+    r.hidden.assign(hiddens_.begin(), hiddens_.begin() + size_t(t) * hidden_);
+    for (size_t i = 0; i < layout_.caches.size(); ++i) {
+      const size_t h = size_t(layout_.caches[i].num_kv_heads), d = size_t(layout_.caches[i].head_dim);
+      r.k.emplace_back(h * t * d);
+      r.v.emplace_back(h * t * d);
+      for (size_t j = 0; j < h; ++j) {  // [H_kv, n, D] -> [H_kv, t, D]
+        std::memcpy(r.k[i].data() + j * t * d, k_new_[i].data() + j * n * d, t * d * sizeof(float));
+        std::memcpy(r.v[i].data() + j * t * d, v_new_[i].data() + j * n * d, t * d * sizeof(float));
+      }
+    }
+    return r;
+  }
+
+  // runtimes/fixed.py first_pass: a pass from position 0 over an empty cache: row 0 through the sink, then (t > 1)
+  // rows 1.. through the graphs with row 0's keys and values in slot 0 (position 0's slot in full layers and rings)
+  // and its mask column moved there; the slot is emptied again afterwards (commit writes it).
+  Rows first_pass(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Masks& masks) {
+    const int t = int(ids.size());
+    Masks first, rest;
+    for (const auto& e : masks) {
+      const Mask& m = e.second;
+      const int s = layout_.slots(e.first);
+      Mask& a = first[e.first];  // [1, s + 1]: row 0 sees its own new column
+      a.rows = 1;
+      a.cols = s + 1;
+      a.data.assign(m.data.begin(), m.data.begin() + s + 1);
+      Mask& b = rest[e.first];  // [t - 1, s + t - 1]: new column 0 becomes cache slot 0
+      b.rows = t - 1;
+      b.cols = s + t - 1;
+      for (int r = 1; r < t; ++r) {
+        const float* row = m.data.data() + size_t(r) * m.cols;
+        b.data.insert(b.data.end(), row, row + s);
+        b.data[b.data.size() - s] = row[s];
+        b.data.insert(b.data.end(), row + s + 1, row + s + t);
+      }
+    }
+    Rows head = run(*sink_, {ids[0]}, {positions[0]}, first);
+    if (t == 1) return head;
+    slot0(&head);
+    Rows more;
+    try {
+      more = run(graph_for(t - 1), std::vector<int64_t>(ids.begin() + 1, ids.end()),
+                 std::vector<int64_t>(positions.begin() + 1, positions.end()), rest);
+    } catch (...) {
+      slot0(nullptr);
+      throw;
+    }
+    slot0(nullptr);
+    Rows all;  // row 0, then rows 1..
+    all.t = t;
+    all.logits = head.logits;
+    all.logits.insert(all.logits.end(), more.logits.begin(), more.logits.end());
+    all.hidden = head.hidden;
+    all.hidden.insert(all.hidden.end(), more.hidden.begin(), more.hidden.end());
+    for (size_t i = 0; i < layout_.caches.size(); ++i) {
+      const size_t h = size_t(layout_.caches[i].num_kv_heads), d = size_t(layout_.caches[i].head_dim);
+      all.k.push_back(join_rows(head.k[i], more.k[i], h, t - 1, d));
+      all.v.push_back(join_rows(head.v[i], more.v[i], h, t - 1, d));
+    }
+    return all;
+  }
+
+  // [H_kv, 1, D] + [H_kv, t, D] -> [H_kv, 1 + t, D]
+  static std::vector<float> join_rows(const std::vector<float>& a, const std::vector<float>& b, size_t h, size_t t,
+                                      size_t d) {
+    std::vector<float> out;
+    out.reserve(h * (1 + t) * d);
+    for (size_t j = 0; j < h; ++j) {
+      out.insert(out.end(), a.begin() + j * d, a.begin() + (j + 1) * d);
+      out.insert(out.end(), b.begin() + j * t * d, b.begin() + (j + 1) * t * d);
+    }
+    return out;
+  }
+
+  // Slot 0 of every cache: row 0's keys and values (`row`: one pass of one row), or zeros (nullptr).
+  void slot0(const Rows* row) {
+    for (size_t i = 0; i < layout_.caches.size(); ++i) {
+      const CacheSpec& c = layout_.caches[i];
+      const size_t s_f = size_t(shapes.slots.at(c.kind)), d = size_t(c.head_dim);
+      for (size_t h = 0; h < size_t(c.num_kv_heads); ++h) {
+        float* kd = k[i].data() + h * s_f * d;
+        float* vd = v[i].data() + h * s_f * d;
+        if (row) {
+          std::memcpy(kd, row->k[i].data() + h * d, d * sizeof(float));
+          std::memcpy(vd, row->v[i].data() + h * d, d * sizeof(float));
+        } else {
+          std::fill(kd, kd + d, 0.0f);
+          std::fill(vd, vd + d, 0.0f);
+        }
+      }
+    }
+  }
+
+  struct KindFeeds {
+    std::vector<float> mask, keep;  // [n, S_f]
+    std::vector<int32_t> index;     // [S_f]
+  };
+  std::shared_ptr<Ort::Env> env_;  // outlives the sessions (declared first: destroyed last)
+  std::map<int, Graph> graphs_;    // pass length -> graph
+  std::unique_ptr<Graph> sink_;
+  KVLayout layout_;
+  int vocab_, hidden_;
+  std::string identity_;
+  std::vector<int32_t> ids_, pos_;  // [1, n]
+  std::map<std::string, KindFeeds> feeds_;
+  std::vector<float> logits_, hiddens_;
+  std::vector<std::vector<float>> k_new_, v_new_;  // per cached layer [1, H_kv, n, D]
+  Rows pending_;                                   // the last forward's real rows (t = 0: none)
+};
+
+
+// ---- the drafter: one draft step over the target's caches (its kv_sharing source layers) ---------------------
+class QnnDrafter : public DrafterBackend {
+ public:
+  QnnDrafter(std::shared_ptr<Ort::Env> env, Graph graph, QnnBackend& target, const Manifest& m)
+      : env_(std::move(env)), graph_(std::move(graph)), target_(target), layout_(m.layout),
+        candidates_(m.drafter->candidates_per_step), hidden_size_(m.hidden_size) {
+    for (const auto& share : m.drafter->kv_sharing)  // std::map: sorted by kind (kv.source_caches)
+      for (size_t i = 0; i < layout_.caches.size(); ++i)
+        if (layout_.caches[i].layer == share.second) sources_.emplace_back(share.first, i);
+    out_ids_.resize(size_t(candidates_));
+    out_logits_.resize(size_t(candidates_));
+    out_hidden_.resize(size_t(hidden_size_));
+  }
+
+  // The burst starts at the bonus token's position; masks: kind -> [1, S_kind] -> [1, 1, 1, S_f], the rest masked.
+  void begin(int64_t position, const Masks& masks, int64_t) override {
+    position_ = int32_t(position);
+    const float floor = target_.shapes.mask_floor;
+    for (const auto& src : sources_) {
+      const Mask& m = masks.at(src.first);
+      const int s = layout_.slots(src.first);
+      std::vector<float>& dst = masks_[src.first];
+      dst.assign(size_t(target_.shapes.slots.at(src.first)), floor);
+      for (int j = 0; j < s; ++j) dst[j] = std::max(m.data[j], floor);
+    }
+  }
+
+  Graph& graph() { return graph_; }
+  const std::vector<std::pair<std::string, size_t>>& sources() const { return sources_; }
+
+  DraftStep step(int64_t token, const std::vector<float>& hidden) override {
+    token_ = int32_t(token);
+    hidden_ = hidden;
+    pos_ = position_;
+    Ort::MemoryInfo& cpu = target_.cpu;
+    std::map<std::string, Ort::Value> in, out;
+    in.emplace("input_ids", ort::tensor(cpu, &token_, {1, 1}));                        // [1, 1] int32
+    in.emplace("hidden", ort::tensor(cpu, hidden_.data(), {1, 1, hidden_size_}));      // [1, 1, H]
+    in.emplace("position_ids", ort::tensor(cpu, &pos_, {1, 1}));                       // [1, 1] int32
+    for (const auto& src : sources_) {
+      const CacheSpec& c = layout_.caches[src.second];
+      const int64_t h = c.num_kv_heads, s_f = target_.shapes.slots.at(c.kind), d = c.head_dim;
+      const std::string layer = std::to_string(c.layer);
+      in.emplace("mask." + src.first, ort::tensor(cpu, masks_[src.first].data(), {1, 1, 1, s_f}));
+      in.emplace("k_cache." + layer, ort::tensor(cpu, target_.k[src.second].data(), {1, h, s_f, d}));  // read in place
+      in.emplace("v_cache." + layer, ort::tensor(cpu, target_.v[src.second].data(), {1, h, s_f, d}));
+    }
+    out.emplace("draft_token_ids", ort::tensor(cpu, out_ids_.data(), {candidates_}));  // [N] int32
+    out.emplace("draft_logits", ort::tensor(cpu, out_logits_.data(), {candidates_}));  // [N]
+    out.emplace("draft_hidden", ort::tensor(cpu, out_hidden_.data(), {1, 1, hidden_size_}));
+    const double start = ort::now_s();
+    ort::run(graph_.session, graph_.io.input_names, in, graph_.io.output_names, out, graph_.path, RUN_FIX);
+    kernel_s += ort::now_s() - start;
+    return DraftStep{std::vector<int64_t>(out_ids_.begin(), out_ids_.end()), out_logits_, out_hidden_};
+  }
+
+ private:
+  std::shared_ptr<Ort::Env> env_;
+  Graph graph_;
+  QnnBackend& target_;
+  KVLayout layout_;
+  int64_t candidates_, hidden_size_;
+  std::vector<std::pair<std::string, size_t>> sources_;  // kind -> index into layout.caches
+  std::map<std::string, std::vector<float>> masks_;
+  int32_t position_ = 0, token_ = 0, pos_ = 0;
+  std::vector<float> hidden_;
+  std::vector<int32_t> out_ids_;
+  std::vector<float> out_logits_, out_hidden_;
+};
+
+// ---- opening the graphs (runtimes/qnn.py open_bundle) --------------------------------------------------------------
+std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_graphs(const std::string& folder,
+                                                                                 const Manifest& m, int threads,
+                                                                                 const QnnOptions& options) {
+  qnn::Opener o;
+  o.provider = qnn::provider_of(options.provider);
+  FixedShapes shapes = qnn::fixed_shapes(folder, m);
+  o.env = std::make_shared<Ort::Env>(ORT_LOGGING_LEVEL_ERROR, "edge-spec");
+  o.folder = folder;
+  o.threads = threads;
+  o.soc = shapes.soc;
+  std::string where = "CPU provider";
+  if (o.provider == "qnn") {
+    o.devices = qnn_devices(*o.env, qnn_ep_library(options.ep_library));
+    where = "HTP " + shapes.soc.name + " (v" + std::to_string(shapes.soc.htp_arch) + "), " + qnn_ep_version(o.devices);
+  }
+  const std::string suffix = o.provider == "qnn" ? ".ctx.onnx" : ".qdq.onnx";
+  std::map<int, Graph> graphs;
+  for (const auto& e : shapes.lengths) {
+    Graph g = o.open(std::string(qnn::QNN_DIR) + "/" + e.second + suffix, o.provider, e.first);
+    qnn::check_io(g, qnn::target_inputs(m.layout, shapes, e.first),
+                  qnn::target_outputs(m.layout, e.first, m.vocab_size, m.hidden_size));
+    graphs.emplace(e.first, std::move(g));
+  }
+  std::unique_ptr<Graph> sink;
+  if (!shapes.sink.empty()) {  // position 0 on the host CPU, float activations
+    sink = std::make_unique<Graph>(o.open(shapes.sink, "cpu", 1));
+    qnn::check_io(*sink, qnn::target_inputs(m.layout, shapes, 1),
+                  qnn::target_outputs(m.layout, 1, m.vocab_size, m.hidden_size));
+  }
+  const std::string identity = "qnn " + shapes.quant + " QDQ on " + where +
+                               (sink ? ", position 0 on the CPU" : "") + ", onnxruntime " + ort::version() +
+                               " (native), threads " + (threads ? std::to_string(threads) : std::string("default"));
+  auto backend = std::make_unique<QnnBackend>(o.env, std::move(graphs), std::move(sink), m, shapes, identity);
+  std::unique_ptr<QnnDrafter> drafter;
+  if (m.drafter) {
+    const GraphEntry& d = m.graphs.at("drafter");
+    Graph g = o.open(std::string(qnn::QNN_DIR) + "/" + d.method + suffix, o.provider, 1);
+    drafter = std::make_unique<QnnDrafter>(o.env, std::move(g), *backend, m);
+    qnn::check_io(drafter->graph(), qnn::drafter_inputs(m.layout, shapes, drafter->sources(), m.hidden_size),
+                  qnn::drafter_outputs(m.drafter->candidates_per_step, m.hidden_size));
+  }
+  return {std::move(backend), std::move(drafter)};
+}
+
+}  // namespace
+
+std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_qnn(const std::string& folder,
+                                                                              const Manifest& m, int threads,
+                                                                              const QnnOptions& options) {
+  if (threads < 0) throw config_error("threads must be >= 0, got " + std::to_string(threads), "use --threads 2");
+  ort::check_api();
+  if (m.binding != BINDING_IO)
+    throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the qnn backend runs the `io` binding, this bundle's is '" +
+                           m.binding + "'",
+                       FIX);
+  try {
+    return open_graphs(folder, m, threads, options);
+  } catch (const Ort::Exception& err) {  // anything open_session / qnn_devices did not name
+    throw backend_error("onnxruntime " + ort::version() + ": " + ort::first_line(err.what()),
+                        "check the bundle with `edge-spec check --bundle " + folder + "`");
+  }
+}
+
+}  // namespace es
+
+#endif  // ES_HAVE_ORT
