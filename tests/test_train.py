@@ -1,5 +1,6 @@
 """Drafter training pipeline on a tiny target: data split, packing, teacher passes, loss goes down, resume, CLI."""
 
+import gzip
 import json
 
 import numpy as np
@@ -258,3 +259,30 @@ def test_eval_drafter_on_a_bundle_matches_the_checkpoint_pair(tiny_llama, tmp_pa
     assert rows["ort"]["acceptance_by_position"] == rows["eager"]["acceptance_by_position"]
     assert main(["eval-drafter", "--bundle", str(export_bundle(loaded, tmp_path / "plain", max_context=96)),
                  "--prompts", str(prompts)]) == 2
+
+
+def test_committed_regenerated_answers_are_reused_not_generated_again(tiny_llama, peaky_llama, tmp_path, monkeypatch):
+    from edge_spec.train import pipeline
+
+    loaded = checkpoints.load(str(tiny_llama[0]))
+    prompts = ["hello there", "a second prompt", "three"]
+    (tmp_path / "w1").mkdir()
+    first = pipeline.chat_sequences(loaded, prompts, max_new_tokens=6, batch=2, dtype=torch.float32,
+                                    cache=tmp_path / "w1" / "chat.jsonl")
+    data = tmp_path / "data"
+    pipeline.write_regenerated(data, tmp_path / "w1", loaded, {"chat": True})
+    with gzip.open(data / "chat.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for line in f]
+    assert [len(r["new"]) for r in rows] == [6, 6, 6] and all("prompt" not in r for r in rows)  # ids only, no text
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("a seeded prompt was generated again")
+
+    monkeypatch.setattr(pipeline, "batched_greedy", no_generation)
+    (tmp_path / "w2").mkdir()
+    again = pipeline.chat_sequences(loaded, prompts, max_new_tokens=6, batch=2, dtype=torch.float32,
+                                    cache=tmp_path / "w2" / "chat.jsonl",
+                                    seeded=pipeline.read_regenerated(data, loaded)["chat"])
+    assert np.array_equal(first, again)
+    with pytest.raises(ConfigError, match="another target"):
+        pipeline.read_regenerated(data, checkpoints.load(str(peaky_llama)))

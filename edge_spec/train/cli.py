@@ -17,6 +17,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--out", required=True, help="drafter folder to write (work files go to OUT.work/)")
     tr.add_argument("--work", default=None, help="cache folder for corpora/shards/checkpoints (default OUT.work)")
     tr.add_argument("--max-tokens", type=int, default=400_000, help="training tokens (regenerated chat included)")
+    tr.add_argument("--regenerated", default=None,
+                    help="a folder of committed regenerated answers (token ids, no text): answers found there are not "
+                         "generated again, and this run's are written back to it")
     tr.add_argument("--max-chat-prompts", type=int, default=None, help="limit regenerated chat prompts")
     tr.add_argument("--chat-templates", type=int, default=2,
                     help="chat prompt templates per topic (1-8; more = more regenerated chat answers)")
@@ -94,7 +97,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                  top_k_clusters=args.top_k_clusters, head_from=args.head_from, table_from=args.table_from,
                  train_cfg=cfg, max_steps=args.max_steps,
                  work=Path(args.work) if args.work else None, init=init, shard_bits=args.shard_bits,
-                 save_dtype=getattr(torch, args.save_dtype), minutes=args.minutes)
+                 save_dtype=getattr(torch, args.save_dtype), minutes=args.minutes,
+                 regenerated=Path(args.regenerated) if args.regenerated else None)
     print(json.dumps({k: report[k] for k in ("steps", "total_steps", "data", "drafter", "held_out", "total_seconds") if k in report},
                      indent=2, default=float))
     print(f"drafter written to {args.out}", file=sys.stderr)

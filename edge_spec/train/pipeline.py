@@ -6,6 +6,8 @@ interrupted run resumes where it stopped (training resumes from its last checkpo
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import sys
 import time
@@ -48,15 +50,26 @@ def _sep(loaded: LoadedModel) -> int:
     return next(iter(sorted(loaded.stop_ids)), 0)
 
 
+def prompt_key(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:20]
+
+
 def chat_sequences(loaded: LoadedModel, prompts: list[str], *, max_new_tokens: int, batch: int, dtype,
-                   cache: Path, chat: bool = True) -> np.ndarray:
+                   cache: Path, chat: bool = True, seeded: dict[str, list[int]] | None = None) -> np.ndarray:
     """The target's own greedy answers / continuations (the text the drafter must predict at run time),
-    cached as JSONL so an interrupted run resumes."""
+    cached as JSONL so an interrupted run resumes. `seeded`: prompt key -> new token ids generated earlier (committed
+    data, `--regenerated`): those prompts are not generated again."""
     done = {}
     if cache.exists():
         for line in cache.read_text().splitlines():
             row = json.loads(line)
             done[row["prompt"]] = row["ids"]
+    if seeded:
+        with cache.open("a") as f:
+            for p in prompts:
+                if p not in done and prompt_key(p) in seeded:
+                    done[p] = loaded.tokenizer.encode_prompt(p, chat=chat) + seeded[prompt_key(p)]
+                    f.write(json.dumps({"prompt": p, "ids": done[p]}) + "\n")
     todo = [p for p in prompts if p not in done]
     bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc=f"regenerate ({cache.stem})", unit="prompt")
     with cache.open("a") as f:
@@ -72,6 +85,46 @@ def chat_sequences(loaded: LoadedModel, prompts: list[str], *, max_new_tokens: i
             bar.update(len(chunk))
     bar.close()
     return pack((done[p] for p in prompts), SEQ_LEN, 10 ** 9, _sep(loaded))
+
+
+def read_regenerated(folder: Path, loaded: LoadedModel) -> dict[str, dict[str, list[int]]]:
+    """Committed regenerated data: `<folder>/<source>.jsonl.gz`, one {"key", "new"} row per prompt (the prompt's sha256
+    prefix and the target's new token ids; no prompt text), and `target.json` naming the target that generated it."""
+    stamp = folder / "target.json"
+    if not stamp.exists():
+        return {}
+    from edge_spec.contract.manifest import content_id
+
+    recorded = json.loads(stamp.read_text())
+    ident = content_id(loaded.config.raw, loaded.model.state_dict())
+    if recorded.get("content_sha256") != ident:
+        raise ConfigError(f"{folder} holds the regenerated answers of another target ({recorded.get('name')}); this "
+                          f"target is {loaded.name}", "pass --regenerated with that target's folder, or a new one")
+    out = {}
+    for path in sorted(folder.glob("*.jsonl.gz")):
+        with gzip.open(path, "rt") as f:
+            out[path.name[:-len(".jsonl.gz")]] = {r["key"]: r["new"] for r in map(json.loads, f)}
+    return out
+
+
+def write_regenerated(folder: Path, work: Path, loaded: LoadedModel, sources: dict[str, bool]) -> None:
+    """Write the work folder's regenerated caches (`sources`: name -> chat form) as committed data (see above)."""
+    from edge_spec.contract.manifest import content_id
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "target.json").write_text(json.dumps({"name": loaded.name, "content_sha256": content_id(
+        loaded.config.raw, loaded.model.state_dict())}) + "\n")
+    for name, chat in sources.items():
+        cache = work / f"{name}.jsonl"
+        if not cache.exists():
+            continue
+        rows = [json.loads(line) for line in cache.read_text().splitlines()]
+        tmp = folder / f"{name}.jsonl.gz.tmp"
+        with gzip.open(tmp, "wt") as f:
+            for r in rows:
+                start = len(loaded.tokenizer.encode_prompt(r["prompt"], chat=chat))
+                f.write(json.dumps({"key": prompt_key(r["prompt"]), "new": r["ids"][start:]}) + "\n")
+        tmp.replace(folder / f"{name}.jsonl.gz")
 
 
 def make_shards(loaded: LoadedModel, sequences: np.ndarray, source_layers: list[int], folder: Path, *,
@@ -139,7 +192,7 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
         num_centroids: int = 1024, top_k_clusters: int = 32, head_from: str = "target", table_from: str = "own",
         train_cfg: TrainConfig = TrainConfig(), max_steps: int | None = None, work: Path | None = None,
         init: Path | None = None, shard_bits: int = 16, save_dtype: torch.dtype | None = None,
-        minutes: float | None = None) -> dict:
+        minutes: float | None = None, regenerated: Path | None = None) -> dict:
     started = time.perf_counter()
     work = work or out.parent / f"{out.name}.work"
     work.mkdir(parents=True, exist_ok=True)
@@ -173,25 +226,30 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
             roots.append(Path(item))
     seqs = {}
     budget = max_tokens
+    seeds = read_regenerated(regenerated, loaded) if regenerated else {}
     if "chat" in data:
         prompts = D.chat_prompts(D.stdlib_module_names(), held_out=False,
                                  templates_per_topic=chat_templates)[:max_chat_prompts]
         seqs["chat"] = chat_sequences(loaded, prompts, max_new_tokens=chat_max_new, batch=chat_batch, dtype=dtype,
-                                      cache=work / "chat.jsonl")
+                                      cache=work / "chat.jsonl", seeded=seeds.get("chat"))
         budget = max(0, max_tokens - seqs["chat"].size)
     if "everyday" in data:
         seqs["everyday"] = chat_sequences(loaded, D.everyday_prompts(held_out=False), max_new_tokens=chat_max_new,
-                                          batch=chat_batch, dtype=dtype, cache=work / "everyday.jsonl")
+                                          batch=chat_batch, dtype=dtype, cache=work / "everyday.jsonl",
+                                          seeded=seeds.get("everyday"))
         budget = max(0, budget - seqs["everyday"].size)
     if roots and "chat" in data:  # the target's own continuations of document openings
         docs = list(D.iter_documents(roots, held_out=False, min_chars=800))
         openings = [D.prefix(d.text, 300) for d in docs[::max(1, len(docs) // max_regen_text)]][:max_regen_text]
         seqs["regen_text"] = chat_sequences(loaded, openings, max_new_tokens=chat_max_new, batch=chat_batch,
-                                            dtype=dtype, cache=work / "regen_text.jsonl", chat=False)
+                                            dtype=dtype, cache=work / "regen_text.jsonl", chat=False,
+                                            seeded=seeds.get("regen_text"))
         budget = max(0, budget - seqs["regen_text"].size)
     if roots:
         seqs["text"] = text_sequences(loaded, roots, held_out=False, max_tokens=budget)
         seqs["held_out_text"] = text_sequences(loaded, roots, held_out=True, max_tokens=20 * SEQ_LEN * 4)
+    if regenerated:  # what this run generated joins the committed data
+        write_regenerated(regenerated, work, loaded, {"chat": True, "everyday": True, "regen_text": False})
     if not seqs:
         raise ConfigError("no training data", "pass --data debian-docs stdlib chat everyday or your own folders")
 
