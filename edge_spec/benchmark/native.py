@@ -68,7 +68,7 @@ class NativeRunner:
         command = [str(runner), "--bundle", str(bundle), "--requests", "-"]
         if threads:
             command += ["--threads", str(threads)]
-        if provider:  # qnn bundles: qnn | cpu (the runner refuses what its backend lacks, naming the fix)
+        if provider:  # the format row's run option (the runner refuses what its backend lacks, naming the fix)
             command += ["--provider", provider]
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      text=True, bufsize=1)
