@@ -1,0 +1,118 @@
+"""Where a decode step's time goes, op type by op type: onnxruntime's profiler on a bundle's target graph during plain
+greedy decoding (and, with --peer, on onnxruntime-genai's model of the same checkpoint, fed through its own runtime).
+
+    .venv/bin/python scripts/profile_step.py /tmp/b-int4 [/tmp/b-int8 ...] --tokens 64 --threads 2 \
+        [--genai ~/.cache/edge-spec/peers/genai-0.18.0-smollm2-135m-instruct-int4]
+
+Prints, per graph: nodes per step, kernel microseconds per step by op type (sorted), and the step's total kernel
+time. The profiler's own overhead inflates every node's time a little; compare graphs within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import tempfile
+from pathlib import Path
+
+import onnxruntime as ort
+
+PROMPT = "Explain speculative decoding in two sentences."
+
+
+def _profiled(prefix: str):
+    """Every SessionOptions made from now on profiles to `prefix`* (edge_spec's runtime builds its own)."""
+    base = ort.SessionOptions
+
+    class Profiled(base):
+        def __init__(self):
+            super().__init__()
+            self.enable_profiling = True
+            self.profile_file_prefix = prefix
+
+    ort.SessionOptions = Profiled
+    return base
+
+
+def summarize(trace: Path, graph_hint: str) -> tuple[int, dict[str, float], int]:
+    """(steps, op type -> total us, nodes per step) of the session whose profile is `trace`."""
+    events = json.loads(trace.read_text())
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    per_op: dict[str, float] = collections.defaultdict(float)
+    nodes = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_op[e["args"]["op_name"]] += e["dur"]
+            nodes[e["name"]] += 1
+    steps = max(len(runs), 1)
+    return steps, dict(per_op), len(nodes)
+
+
+def report(name: str, steps: int, per_op: dict[str, float], nodes: int, skip: int) -> None:
+    total = sum(per_op.values()) / steps
+    print(f"\n{name}: {steps} runs ({skip} prefill), {nodes} nodes, {total:.0f} us kernel time per run")
+    for op, us in sorted(per_op.items(), key=lambda kv: -kv[1]):
+        print(f"  {op:36s} {us / steps:8.1f} us  {100 * us / steps / total:5.1f}%")
+
+
+def profile_bundle(folder: str, tokens: int, threads: int) -> None:
+    from edge_spec.api import load_bundle
+
+    tmp = Path(tempfile.mkdtemp(prefix="profile-"))
+    base = _profiled(str(tmp / "p"))
+    try:
+        engine = load_bundle(folder, threads=threads, host_check=False)
+        engine.generate(PROMPT, chat=True, max_new_tokens=tokens, speculative=False)
+        backend = getattr(engine.session, "backend", None)
+        target = getattr(backend, "session", None)  # the target graph's InferenceSession (OrtBackend)
+    finally:
+        ort.SessionOptions = base
+    files = [Path(target.end_profiling())] if target is not None else sorted(tmp.glob("p*.json"))
+    steps, per_op, nodes = summarize(files[0], "target")
+    report(f"{folder} target", steps, per_op, nodes, 1)
+
+
+def profile_genai(model_dir: str, tokens: int, threads: int) -> None:
+    import onnxruntime_genai as og
+
+    tmp = Path(tempfile.mkdtemp(prefix="profile-genai-"))
+    config = json.loads((Path(model_dir) / "genai_config.json").read_text())
+    opts = config["model"]["decoder"].setdefault("session_options", {})
+    opts.update({"enable_profiling": str(tmp / "g"), "intra_op_num_threads": threads})
+    work = Path(tempfile.mkdtemp(prefix="genai-model-"))
+    for f in Path(model_dir).iterdir():
+        (work / f.name).symlink_to(f.resolve())
+    (work / "genai_config.json").unlink()
+    (work / "genai_config.json").write_text(json.dumps(config))
+    model = og.Model(str(work))
+    tok = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=256, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode(PROMPT))
+    for _ in range(tokens):
+        gen.generate_next_token()
+    del gen, params, tok, model  # the profile is written when the last reference to the session goes
+    gc.collect()
+    files = sorted(tmp.glob("g*.json")) or sorted(Path(".").glob(f"{tmp.name}*.json"))
+    steps, per_op, nodes = summarize(files[0], "genai")
+    report(f"{model_dir} (onnxruntime-genai)", steps, per_op, nodes, 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bundles", nargs="*")
+    ap.add_argument("--genai", nargs="*", default=[])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    for b in args.bundles:
+        profile_bundle(b, args.tokens, args.threads)
+    for g in args.genai:
+        profile_genai(g, args.tokens, args.threads)
+
+
+if __name__ == "__main__":
+    main()
