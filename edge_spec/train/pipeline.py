@@ -119,11 +119,12 @@ def write_regenerated(folder: Path, work: Path, loaded: LoadedModel, sources: di
         if not cache.exists():
             continue
         rows = [json.loads(line) for line in cache.read_text().splitlines()]
+        lines = []
+        for r in rows:
+            start = len(loaded.tokenizer.encode_prompt(r["prompt"], chat=chat))
+            lines.append(json.dumps({"key": prompt_key(r["prompt"]), "new": r["ids"][start:]}) + "\n")
         tmp = folder / f"{name}.jsonl.gz.tmp"
-        with gzip.open(tmp, "wt") as f:
-            for r in rows:
-                start = len(loaded.tokenizer.encode_prompt(r["prompt"], chat=chat))
-                f.write(json.dumps({"key": prompt_key(r["prompt"]), "new": r["ids"][start:]}) + "\n")
+        tmp.write_bytes(gzip.compress("".join(lines).encode(), mtime=0))  # no timestamp: same answers, same bytes
         tmp.replace(folder / f"{name}.jsonl.gz")
 
 
