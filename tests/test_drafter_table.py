@@ -259,3 +259,20 @@ def test_train_drafter_pipeline_with_a_derived_table(tiny_llama, tmp_path):
     assert not torch.equal(drafter.table_projection.weight, fresh.table_projection.weight.to(torch.bfloat16).float())
     pair(loaded.model, drafter)
     assert drafter.table.shape == (loaded.config.vocab_size, 32)
+
+
+def test_the_shipped_gemma3_drafter_is_the_e2b_shape_under_the_commit_budget():
+    """edge_spec/assets/drafters/gemma3-270m (docs/drafter.md): the table is derived from the target (only P is
+    stored), so the file stays under 25 MB; its shape is the Gemma-4 E2B assistant's."""
+    from edge_spec.api import BUILTIN_DRAFTERS, default_drafter
+    from edge_spec.model.drafter_sizes import BUDGET_BYTES
+
+    folder = BUILTIN_DRAFTERS / "gemma3-270m"
+    assert (folder / "model.safetensors").stat().st_size <= BUDGET_BYTES
+    drafter = load_drafter(folder)
+    text = drafter.cfg.raw["text_config"]
+    assert drafter.cfg.raw["edge_spec"]["table_from"] == "target" and drafter.cfg.vocab_size == 262_144
+    assert (text["hidden_size"], text["num_hidden_layers"], text["num_attention_heads"]) == (256, 4, 4)
+    assert text["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
+    assert (drafter.cfg.num_centroids, drafter.cfg.top_k_clusters) == (2048, 32)
+    assert default_drafter("gemma3-270m") == "builtin"
