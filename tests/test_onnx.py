@@ -19,6 +19,7 @@ from edge_spec.contract import kv
 from edge_spec.api import load_bundle
 from edge_spec.contract.backend import Session
 from edge_spec.cli import main
+from edge_spec.model import attention
 from edge_spec.model.drafter import check_pair, save_drafter
 from edge_spec.errors import BundleError, ConfigError, KVStateError
 from edge_spec.exporters import onnx as onnx_exporter
@@ -32,7 +33,7 @@ from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import generate_speculative
 from tests.contract import OracleDrafter, differing_windows, host_checked_session, tiny_drafter
 from tests.parity import LOGITS_TOL, prompt_ids
-from tests.tiny import llama_config, save_reference
+from tests.tiny import gemma3_config, llama_config, save_gemma3_reference, save_reference
 
 GREEDY = SamplingParams()
 # Quantized vs fp32 eager on the tiny random llama, 24 positions x 3 prompts (measured): max |diff| / max |logit|
@@ -203,6 +204,23 @@ def test_split_attention_is_caught_by_the_bit_identity_test_and_the_host_check(l
     assert "speculative decoding is off" in spec.extra["notice"]
     forced = engine.generate(ids, max_new_tokens=20, spec_k=4, allow_inexact=True)  # benchmarks may still measure
     assert "spec" in forced.extra
+
+
+def test_long_heads_are_scored_keys_major_so_verify_rows_stay_bit_identical(tmp_path, monkeypatch):
+    """Heads longer than one GEMM block (gemma-3-270m: 256). onnxruntime's sgemm sums D = 256 in two blocks of 128
+    when a matmul has more than 64 output columns (the cache's scores, one column per slot) and in one block when
+    it has fewer (the new keys' scores), so scored query-major a key scored in a verify pass differs from the same
+    key read back from the cache a step later (gemma-3-270m fp32: 1.4e-4 in the logits, one- and two-row modes
+    alike, `edge-spec check`). Scored keys-major (attention._scores), both matmuls sum D alike. Negative control:
+    the query-major form, exported by raising the block length, is caught by the same windows."""
+    save_gemma3_reference(gemma3_config(head_dim=256, query_pre_attn_scalar=256), tmp_path / "ckpt", seed=3)
+    target = checkpoints.load(str(tmp_path / "ckpt"))
+    ids, windows = prompt_ids(150, seed=4), ((100, 5), (120, 4), (140, 3))  # caches of 128 / 160 slots
+    folder = export_bundle(target, tmp_path / "keys-major", max_context=160)
+    assert differing_windows(host_checked_session(folder), ids, windows) == []
+    monkeypatch.setattr(attention, "LONGEST_SINGLE_BLOCK", 1024)
+    folder = export_bundle(target, tmp_path / "query-major", max_context=160)
+    assert differing_windows(load_bundle(folder, threads=2, host_check=False).session, ids, windows)
 
 
 def test_gemma_int4_sliding_layers_verify_rows_are_bit_identical_to_decode_steps(gemma, tmp_path):

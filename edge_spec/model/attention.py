@@ -110,6 +110,25 @@ def group_mask(mask: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Ten
     return tiled, tiled == 0
 
 
+# The longest reduction a blocked CPU GEMM is taken to sum in one block whatever the matrix widths: onnxruntime's sgemm
+# (MLAS) sums K in blocks of 128 when the output has more than 64 columns and in one block when it has fewer
+# (measured: gemma-3-270m, head dim 256, docs/architecture.md "Long heads").
+LONGEST_SINGLE_BLOCK = 128
+
+
+def _scores(qg: torch.Tensor, keys: torch.Tensor, scale: float, keys_major: bool) -> torch.Tensor:
+    """Scaled scores [1, H_kv, R, N] of query rows qg [1, H_kv, R, D] against keys [1, H_kv, N, D].
+
+    keys_major: computed as keys @ qg^T ([N, D] x [D, R], transposed back: a small copy), so the GEMM's output
+    columns are the query rows, whatever the key count. Then the cache's scores (N = S keys) and the new keys'
+    scores (N = T + 1) sum D in the same blocks; scored query-major, a D longer than one block is summed in
+    one block for the few new keys and in two for the cache (`LONGEST_SINGLE_BLOCK`), and a key scored in a
+    verify pass differs from the same key read back from the cache in the next step."""
+    if keys_major:
+        return (torch.matmul(keys, qg.transpose(-1, -2)) * scale).transpose(-1, -2)  # [1, H_kv, R, N]
+    return torch.matmul(qg, keys.transpose(-1, -2)) * scale
+
+
 def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, slots: torch.Tensor, v: torch.Tensor,
                  mask: torch.Tensor, keep: torch.Tensor, scale: float, pad_keys: bool = True) -> torch.Tensor:
     """Batch-invariant attention: row t of the output is bit-identical whatever T is (decode T=1 == verify T=k+1).
@@ -128,7 +147,8 @@ def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, sl
     matrix-vector kernel for an untransposed [D, 1] operand: measured on Gemma-4, ~4e-7 in fp32): `pad_keys`
     appends a zero key. The packed-qkv path (llama family, `Ops.qkv`) passes False: its head-major keys
     reach the matmul as a transposed operand (FusedMatMul transB), which keeps the blocked kernel (tested bit for
-    bit; the pad cost ~1% of int8 decode there).
+    bit; the pad cost ~1% of int8 decode there). Heads longer than `LONGEST_SINGLE_BLOCK` (Gemma-3: 256) are
+    scored keys-major (`_scores`), so both score matmuls block their sum over D alike.
     """
     b, h, t, d = q.shape
     h_kv = k_cache.shape[1]
@@ -137,14 +157,15 @@ def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, sl
     qg = q.reshape(b, h_kv, g * t, d)  # [1, H_kv, G*T, D]
     if pad:
         qg = torch.cat([qg, torch.zeros_like(qg[:, :, :1])], dim=2)
-    scores = torch.matmul(qg, k_cache.transpose(-1, -2)) * scale  # [1, H_kv, G*T (+1), S]
+    keys_major = k_new is not None and d > LONGEST_SINGLE_BLOCK
+    scores = _scores(qg, k_cache, scale, keys_major)  # [1, H_kv, G*T (+1), S]
     if k_new is None:  # `state` binding: the cache already holds the new keys in their slots
         scores = scores[:, :, :g * t]
     elif pad_keys:  # [1, H_kv, T + 1, D]: >= 2 columns, the extra one dropped again
         k_pad = torch.cat([k_new, torch.zeros_like(k_new[:, :, :1])], dim=2)
-        new_scores = (torch.matmul(qg, k_pad.transpose(-1, -2)) * scale)[..., :t]  # [1, H_kv, G*T (+1), T]
+        new_scores = _scores(qg, k_pad, scale, keys_major)[..., :t]  # [1, H_kv, G*T (+1), T]
     else:
-        new_scores = torch.matmul(qg, k_new.transpose(-1, -2)) * scale  # [1, H_kv, G*T (+1), T]
+        new_scores = _scores(qg, k_new, scale, keys_major)  # [1, H_kv, G*T (+1), T]
     if k_new is not None:
         index = slots.view(1, 1, 1, t).expand(new_scores.shape)
         scores = scores.scatter(-1, index, new_scores)[:, :, :g * t]  # [1, H_kv, G*T, S]
