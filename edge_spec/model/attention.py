@@ -161,7 +161,7 @@ def attend_slots(q: torch.Tensor, k_cache: torch.Tensor, k_new: torch.Tensor, sl
     scores = _scores(qg, k_cache, scale, keys_major)  # [1, H_kv, G*T (+1), S]
     if k_new is None:  # `state` binding: the cache already holds the new keys in their slots
         scores = scores[:, :, :g * t]
-    elif pad_keys:  # [1, H_kv, T + 1, D]: >= 2 columns, the extra one dropped again
+    elif pad_keys or keys_major:  # [1, H_kv, T + 1, D]: >= 2 key rows / columns, the extra one dropped again
         k_pad = torch.cat([k_new, torch.zeros_like(k_new[:, :, :1])], dim=2)
         new_scores = _scores(qg, k_pad, scale, keys_major)[..., :t]  # [1, H_kv, G*T (+1), T]
     else:
