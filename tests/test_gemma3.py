@@ -13,6 +13,7 @@ import torch
 
 from edge_spec.loading import checkpoints
 from edge_spec.loading import gguf_gemma3
+from edge_spec.loading import gguf_import
 from edge_spec.contract.backend import Session
 from edge_spec.model.config import FULL, GEMMA3, SLIDING, kv_layout
 from edge_spec.decoding.generate import generate_plain
