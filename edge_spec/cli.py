@@ -9,7 +9,7 @@ from edge_spec import cli_options
 from edge_spec.errors import EdgeSpecError
 from edge_spec.contract import formats
 from edge_spec.contract.formats import CHECK, EXPORT, RUN
-from edge_spec.contract.kv import BINDING_IO, BINDING_STATE
+from edge_spec.contract.kv import BINDING_IO, BINDING_SHARED, BINDING_STATE
 
 EXIT_USER_ERROR = 2
 
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "rings of window + max-pass - 1 slots, formats with planned buffers plan them for it, "
                           "fixed-shape formats export it as the longest pass length (default 64, or max-draft-len + 1 "
                           "if larger)")
-    exp.add_argument("--kv", default=None, choices=[BINDING_IO, BINDING_STATE], help=cli_options.kv_help())
+    exp.add_argument("--kv", default=None, choices=[BINDING_IO, BINDING_STATE, BINDING_SHARED], help=cli_options.kv_help())
     cli_options.add_format_options(exp, EXPORT)
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
     check = sub.add_parser("check", help="probe whether this host keeps a bundle batch-invariant (verify rows == "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from edge_spec.contract import formats
-from edge_spec.contract.kv import BINDING_IO, BINDING_STATE
+from edge_spec.contract.kv import BINDING_IO, BINDING_SHARED, BINDING_STATE
 
 
 def _escape(text: str) -> str:
@@ -34,11 +34,13 @@ def runtime_help() -> str:
 
 
 def kv_help() -> str:
-    either = [f.name for f in formats.FORMATS.values() if f.other_bindings]
     own = ", ".join(f"{f.name} {f.binding}" for f in formats.FORMATS.values())
-    return (f"how the graphs hold the KV cache: {BINDING_IO} (inputs/outputs) or {BINDING_STATE} (buffers the program "
-            f"writes in place); default the format's own ({own})"
-            + (f"; {', '.join(either)} also write{'s' if len(either) == 1 else ''} the other" if either else ""))
+    also = "; ".join(f"{f.name} also writes {', '.join(f.other_bindings)}" for f in formats.FORMATS.values()
+                     if f.other_bindings)
+    return (f"how the graphs hold the KV cache: {BINDING_IO} (inputs, new rows out), {BINDING_STATE} (buffers the "
+            f"program writes in place) or {BINDING_SHARED} (inputs and outputs bound to the same buffers, written "
+            f"in place by fused attention: onnx, full-attention llama models); default the format's own ({own})"
+            + (f"; {also}" if also else ""))
 
 
 def add_format_options(parser: argparse.ArgumentParser, command: str) -> None:

@@ -52,6 +52,7 @@ from torch import nn
 from edge_spec.contract import bundle
 from edge_spec.contract import kv
 from edge_spec.contract.bundle import COMMON_STEPS
+from edge_spec.model.config import GEMMA_FAMILIES
 from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.logs import quiet
@@ -210,10 +211,26 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
                tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"))
     ring = layout.slots(kv.SLIDING) if kv.SLIDING in kinds and layout.max_pass is not None else None  # uncapped: split
     form = Slots(ring) if attention == "slots" else SPLIT  # batch-invariant attention (edge_spec.model.forms)
-    ops = FusedOps(model, layout.max_context) if exporter == "dynamo" else EAGER  # TorchScript cannot emit them
+    shared = layout.binding == kv.BINDING_SHARED
+    if shared:
+        _check_shared(model, layout, exporter)
+    ops = FusedOps(model, layout.max_context, gqa=shared) if exporter == "dynamo" else EAGER  # TorchScript cannot
     proto = _torch_export(TargetGraph(model, kinds, form, ops).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
     _blank_unused_outputs(proto)
     return proto
+
+
+def _check_shared(model: Transformer, layout: kv.KVLayout, exporter: str) -> None:
+    """The `shared` binding's GroupQueryAttention takes full-attention layers with packed q/k/v (the llama family)."""
+    fix = "export with --kv io (the default)"
+    if exporter != "dynamo":
+        raise ConfigError("the shared KV binding (GroupQueryAttention) needs the dynamo exporter", fix)
+    if layout.kinds() != (kv.FULL,):
+        raise ConfigError(f"the shared KV binding writes slot == position: full attention only, this model has "
+                          f"{', '.join(layout.kinds())} layers", fix)
+    if model.cfg.family in GEMMA_FAMILIES or any(a.self_attn.reuses_kv for a in model.model.layers):
+        raise ConfigError(f"the shared KV binding takes the llama family's packed q/k/v layers, not "
+                          f"{model.cfg.family}", fix)
 
 
 def export_drafter(drafter: Drafter, target: Transformer, layout: kv.KVLayout, sources: dict[str, int], *,

@@ -4,7 +4,11 @@
     ones; the llama family's packed q/k/v heads are rotated 4-D (BNSH) once split;
   * gate/up packed into one projection (and q/k/v for the llama family, whose heads are split once);
   * SkipSimplifiedLayerNormalization for every residual add + the norm after it (llama blocks hand their MLP output
-    to the next norm: `Ops.fold_residuals`).
+    to the next norm: `Ops.fold_residuals`);
+  * with `gqa` (the `shared` KV binding, llama family): GroupQueryAttention for a layer's rotary + attention + cache
+    write, fed the packed q/k/v projection, the caches bound in and out to the same buffers (share-buffer mode):
+    ~20 attention nodes per layer -> 3. Its one-row kernels sum in another order than its multi-row ones, so every
+    pass carries one zero dummy row after its own, written one slot past them (kv.SHARED_SPARE_SLOTS).
 Same maths in eager (tests/test_model_parity.py, bit for bit); SmolLM2's int8 graph goes from ~46 to ~26 nodes per
 layer. The dynamo exporter only (TorchScript cannot emit them).
 """
@@ -16,6 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from edge_spec.contract import kv
 from edge_spec.model.config import GEMMA_FAMILIES
 from edge_spec.model.ops import Ops, packed_linear
 from edge_spec.model.rope import Rope, rope_tables
@@ -43,11 +48,13 @@ def _rotary(x: torch.Tensor, rope: TableRope, **attrs) -> torch.Tensor:
 class FusedOps(Ops):
     """`model`'s fused forms over rope tables of `max_context` rows (weights packed once, here)."""
 
-    def __init__(self, model: nn.Module, max_context: int):
+    def __init__(self, model: nn.Module, max_context: int, gqa: bool = False):
         super().__init__()
+        self.gqa = gqa
         cfg = model.cfg
         self.fold_residuals = cfg.family not in GEMMA_FAMILIES
-        self.tables = {kind: rope_tables(getattr(model, f"inv_freq_{kind}"), max_context) for kind in cfg.rope}
+        rows = max_context + (kv.SHARED_SPARE_SLOTS if gqa else 0)  # the dummy row may sit at position max_context
+        self.tables = {kind: rope_tables(getattr(model, f"inv_freq_{kind}"), rows) for kind in cfg.rope}
         self.packed_qkv, self.packed_gate_up = {}, {}
         for block in model.model.layers:
             attn = block.self_attn
@@ -70,6 +77,27 @@ class FusedOps(Ops):
 
     def qkv(self, attn):
         return self.packed_qkv.get(attn)
+
+    def fused_attention(self, attn, qkv, rope: TableRope, i, caches):
+        """Under ONNX export with `gqa`: one com.microsoft GroupQueryAttention node. Positions come from position_ids
+        (slot == position: the pass writes slots p0 .. p0 + T - 1 and attends over slots [0, p0 + T))."""
+        if not self.gqa or not torch.onnx.is_in_onnx_export() or caches[0] is None:
+            return None
+        h, h_kv, _ = attn.head_counts
+        k_cache, v_cache = caches  # [1, H_kv, S, D]
+        # + kv.SHARED_SPARE_SLOTS dummy row (zeros, after the pass: causal, so no real row sees it): the kernel never
+        # runs one row, and a decode step sums like a verify row (measured: docs/architecture.md "Fused attention")
+        rows = torch.cat([qkv, torch.zeros_like(qkv[:, :1])], dim=1)  # [1, T + 1, (H + 2 H_kv) * D]
+        last = rope.position_ids[0, -1:] + 1  # [1]: the dummy row's position
+        seqlens_k = last.to(torch.int32)  # [1]: keys visible to the last row, minus one
+        total = (last[0] + 1).to(torch.int32)  # []: keys visible to the last row
+        out, k, v = torch.onnx.ops.symbolic_multi_out(
+            "com.microsoft::GroupQueryAttention",
+            (rows, None, None, k_cache, v_cache, seqlens_k, total, rope.cos, rope.sin),
+            {"num_heads": h, "kv_num_heads": h_kv, "scale": float(attn.scale), "do_rotary": 1, "rotary_interleaved": 0},
+            dtypes=(qkv.dtype,) * 3, shapes=((*rows.shape[:2], h * attn.head_dim), k_cache.shape, v_cache.shape),
+            version=1)
+        return out[:, :-1], (k, v)  # [1, T, H * D]
 
     def gate_up(self, mlp):
         return self.packed_gate_up.get(mlp)

@@ -5,7 +5,8 @@ scripts/et_binding_cost.py drives an ExecuTorch method with it). Fixed-shape gra
 One flat float32 buffer per cached layer and K / V, allocated once with the layer's full slot count. A runtime binds
 only a *bucket* of it: the smallest multiple of `bucket` slots that holds every visible key (full attention: and the
 slots a pass writes, see edge_spec.model.attention.attend_slots), viewed as the contiguous prefix [1, H_kv, b, D] of the flat
-buffer (the contract's head-major layout: nothing is copied per step). When a kind's bucket grows (every `bucket`
+buffer (the contract's head-major layout: nothing is copied per step). Under the `shared` binding the graph writes
+a pass's rows into the bound view itself (slot == position) and a commit copies nothing. When a kind's bucket grows (every `bucket`
 tokens) or shrinks (after a reset / rewind) the heads are moved apart or together in place, O(rows in use), and
 `generation` is bumped so a runtime knows its bound views moved.
 
@@ -92,11 +93,12 @@ class NewRows:
 class IoCaches:
     """The caches of one session under the `io` binding: bucketed views, and commits of accepted rows."""
 
-    def __init__(self, layout: KVLayout, bucket: int = BUCKET):
-        self.layout, self.bucket_size = layout, bucket
+    def __init__(self, layout: KVLayout, bucket: int = BUCKET, spare: int = 0):
+        """`spare`: slots past each layer's own that a pass may write (kv.SHARED_SPARE_SLOTS), bound with the rest."""
+        self.layout, self.bucket_size, self.spare = layout, bucket, spare
         self.specs: list[CacheSpec] = list(layout.caches)
         self.groups = shape_groups(self.specs)
-        self.stores, rows = grouped_rows(self.groups, lambda key: key[3])  # key[3]: the group's slot count
+        self.stores, rows = grouped_rows(self.groups, lambda key: key[3] + spare)  # key[3]: the group's slot count
         self.k = [LayerCache(spec, k) for spec, (k, _) in zip(self.specs, rows)]
         self.v = [LayerCache(spec, v) for spec, (_, v) in zip(self.specs, rows)]
         self.bucket = {kind: self._bucket(0, kind) for kind in layout.kinds()}
@@ -104,7 +106,7 @@ class IoCaches:
         self.generation = 0  # bumped whenever a cache view moves (bound views must be rebound then)
 
     def _bucket(self, need: int, kind: str) -> int:
-        return kv.bucket_slots(need, self.layout.slots(kind), self.bucket_size)
+        return kv.bucket_slots(need, self.layout.slots(kind) + self.spare, self.bucket_size)
 
     def views(self, i: int) -> tuple[np.ndarray, np.ndarray]:  # cached layer i's K, V: [1, H_kv, b, D] each
         b = self.bucket[self.specs[i].kind]
@@ -127,16 +129,21 @@ class IoCaches:
         slots the pass writes (until a ring wraps these are slots used .. used + t - 1 of the bound prefix)."""
         for kind in self.layout.kinds():
             used = min(n_cached, self.layout.slots(kind))  # slots >= used are empty (see kv.KVState.rewind)
-            self._fit(kind, used, used + t)
+            self._fit(kind, used, used + t + self.spare)
             self.used[kind] = used
 
-    def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]], new: NewRows, t: int) -> None:
+    def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]], new: NewRows | None, t: int) -> None:
         """Copy the accepted rows of the last pass (over t tokens, its rows in `new`) into their slots:
-        plan = kind -> (rows, slots), from kv.KVState.plan_commit."""
+        plan = kind -> (rows, slots), from kv.KVState.plan_commit. `new` None (the `shared` binding): the graph
+        already wrote them there; only the slots in use are recorded."""
         for kind, (rows, slots) in plan.items():
             if len(slots):
-                self._fit(kind, self.used[kind], max(self.used[kind], int(slots.max()) + 1))
-                self.used[kind] = max(self.used[kind], int(slots.max()) + 1)
+                top = max(self.used[kind], int(slots.max()) + 1)
+                # `shared`: the accepted rows already sit in their slots of the bound view; a re-layout keeps them
+                self._fit(kind, top if new is None else self.used[kind], top)
+                self.used[kind] = top
+        if new is None:
+            return
         for key in self.groups:
             kind, heads, dim, _ = key
             rows, slots = plan[kind]

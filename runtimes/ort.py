@@ -146,10 +146,13 @@ class _Buffers:
         self.t_cap = t_cap
         self.ids = np.zeros(t_cap, dtype=np.int64)
         self.pos = np.zeros(t_cap, dtype=np.int64)
-        self.masks = {kind: np.zeros(t_cap * (layout.slots(kind) + t_cap), dtype=np.float32) for kind in layout.kinds()}
+        spare = kv.SHARED_SPARE_SLOTS if layout.binding == kv.BINDING_SHARED else 0
+        self.masks = {kind: np.zeros(t_cap * (layout.slots(kind) + spare + t_cap), dtype=np.float32)
+                      for kind in layout.kinds()}
         self.logits = np.zeros(t_cap * vocab, dtype=np.float32)
         self.hidden = np.zeros(t_cap * hidden, dtype=np.float32)
-        self.new = NewRows(layout, t_cap)  # the new K/V rows of a pass
+        # the new K/V rows of a pass (`io` binding; a `shared` graph writes them into the bound caches)
+        self.new = NewRows(layout, t_cap) if layout.binding == kv.BINDING_IO else None
 
 
 def _bind(binding, name: str, array: np.ndarray, output: bool = False) -> None:
@@ -170,7 +173,7 @@ class OrtBackend:
         self.layout = layout
         self.vocab, self.hidden_size = vocab_size, hidden_size
         self.specs: list[CacheSpec] = list(layout.caches)
-        self.caches = IoCaches(layout, BUCKET)
+        self.caches = IoCaches(layout, BUCKET, kv.SHARED_SPARE_SLOTS if layout.binding == kv.BINDING_SHARED else 0)
         self.buffers = _Buffers(1, layout, vocab_size, hidden_size)
         self.binding = session.io_binding()
         self._bound = None  # (T, buckets) the binding was made for
@@ -213,7 +216,9 @@ class OrtBackend:
         for kind, mask in masks.items():  # [1, 1, T, S + T] -> the bound [1, 1, T, b + T]
             s, b = self.layout.slots(kind), self.bucket[kind]
             view = buf.masks[kind][:t * (b + t)].reshape(1, 1, t, b + t)
-            view[..., :b] = mask[..., :b]
+            seen = min(b, s)  # a `shared` bucket may bind a spare slot past the layer's own (never visible)
+            view[..., :seen] = mask[..., :seen]
+            view[..., seen:b] = kv.NEG_INF
             view[..., b:] = mask[..., s:]
             mask_views[kind] = view
         signature = (t, buf.t_cap, tuple(sorted(self.bucket.items())))
@@ -244,9 +249,14 @@ class OrtBackend:
         _bind(bind, kv.LOGITS, buf.logits[:t * self.vocab].reshape(1, t, self.vocab), output=True)
         _bind(bind, kv.HIDDEN, buf.hidden[:t * self.hidden_size].reshape(1, t, self.hidden_size), output=True)
         for i, spec in enumerate(self.specs):
-            k, v = buf.new.views(i, t)
-            _bind(bind, kv.k_new_name(spec.layer), k, output=True)
-            _bind(bind, kv.v_new_name(spec.layer), v, output=True)
+            if buf.new is None:  # `shared`: the caches out are the caches in (the graph writes its rows in place)
+                k, v = self.cache_views(i)
+                _bind(bind, kv.k_present_name(spec.layer), k, output=True)
+                _bind(bind, kv.v_present_name(spec.layer), v, output=True)
+            else:
+                k, v = buf.new.views(i, t)
+                _bind(bind, kv.k_new_name(spec.layer), k, output=True)
+                _bind(bind, kv.v_new_name(spec.layer), v, output=True)
 
     def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         assert self._pending, "commit without a forward"
@@ -271,7 +281,8 @@ class OrtDrafter:
         self.ids = np.zeros((1, 1), dtype=np.int64)
         self.pos = np.zeros((1, 1), dtype=np.int64)
         self.hidden = np.zeros((1, 1, h), dtype=np.float32)
-        self.masks = {kind: np.zeros(target.layout.slots(kind), dtype=np.float32) for kind in self.sources}
+        self.masks = {kind: np.full(target.layout.slots(kind) + target.caches.spare, kv.NEG_INF, dtype=np.float32)
+                      for kind in self.sources}
         self.out_ids = np.zeros(candidates, dtype=np.int64)
         self.out_logits = np.zeros(candidates, dtype=np.float32)
         self.out_hidden = np.zeros((1, 1, h), dtype=np.float32)
@@ -285,7 +296,8 @@ class OrtDrafter:
         for kind, i in self.sources.items():
             b = self.target.bucket[kind]
             view = self.masks[kind][:b].reshape(1, 1, 1, b)
-            view[...] = masks[kind][..., :b]
+            seen = min(b, masks[kind].shape[-1])  # a spare slot past the layer's own stays masked
+            view[..., :seen] = masks[kind][..., :seen]
             views[kind] = view
         signature = (self.target.generation, tuple(sorted(self.target.bucket.items())))
         if signature != self._bound:

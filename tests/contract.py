@@ -84,6 +84,11 @@ def _rows() -> list[Row]:
         rows.append(Row("onnx", family, kv.BINDING_IO, "test_onnx.py", export=dict(precision="fp32", **shape),
                         verify=onnx_windows, spec_tokens=40, damage="onnx/target.onnx",
                         unreadable=r"target\.onnx: onnxruntime .*cannot load this graph"))
+        if family == "llama":  # GroupQueryAttention writing the caches in place (full-attention llama models only)
+            rows.append(Row("onnx", family, kv.BINDING_SHARED, "test_onnx.py",
+                            export=dict(precision="fp32", binding=kv.BINDING_SHARED, **shape), verify=onnx_windows,
+                            spec_tokens=40, damage="onnx/target.onnx",
+                            unreadable=r"target\.onnx: onnxruntime .*cannot load this graph"))
         rows.append(Row("executorch", family, kv.BINDING_STATE, "tiny-pte", export=dict(precision="fp32", **shape),
                         threads=2, spec_tokens=40, reject_tokens=70,
                         verify=(130, WINDOWS if family == "gemma" else WINDOWS[:4] + ((120, 9),)),

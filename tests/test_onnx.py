@@ -258,6 +258,35 @@ def test_sliding_targets_cap_the_tokens_per_pass(gemma, llama, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_shared_binding_fuses_attention_writes_in_place_up_to_the_last_slot_and_refuses_what_it_cannot_run(
+        llama, gemma, tiny_bundles, tmp_path):
+    """`--kv shared`: one GroupQueryAttention per layer (no score scatter, no new-row outputs), caches written in place
+    with the dummy row one slot past the pass, so a pass ending at the last context slot still runs, and it agrees
+    with the `io` bundle there. Sliding-window / Gemma targets and the TorchScript exporter are refused, nothing
+    written (the contract suite, tests/test_contract.py, holds its parity and exactness claims)."""
+    folder, target, _ = tiny_bundles.get("onnx", "llama", kv.BINDING_SHARED)
+    graph = onnx.load(folder / "onnx" / "target.onnx", load_external_data=False)
+    ops = [n.op_type for n in graph.graph.node]
+    assert ops.count("GroupQueryAttention") == target.config.num_layers and "ScatterElements" not in ops
+    assert [o.name for o in graph.graph.output][2:4] == [kv.k_present_name(0), kv.v_present_name(0)]
+    shared, io = load_bundle(folder, host_check=False).session, load_bundle(llama[0], host_check=False).session
+    n = shared.max_context
+    ids = prompt_ids(n - 3)
+    for s in (shared, io):
+        s.prefill(ids)
+    for token in (5, 6, 7):  # the last pass writes slot n - 1 and its dummy row the spare slot n
+        got, want = shared.forward([token]).logits, io.forward([token]).logits
+        np.testing.assert_allclose(got, want, atol=LOGITS_TOL)
+        shared.commit(1)
+        io.commit(1)
+    assert shared.length == n
+    with pytest.raises(ConfigError, match="full attention only"):
+        export_bundle(gemma[1], tmp_path / "g", binding=kv.BINDING_SHARED)
+    with pytest.raises(ConfigError, match="dynamo exporter"):
+        export_bundle(llama[1], tmp_path / "t", binding=kv.BINDING_SHARED, exporter="torchscript")
+    assert not (tmp_path / "g").exists() and not (tmp_path / "t").exists()
+
+
 def test_schema_1_bundles_still_load(llama, tmp_path):
     """Bundles written before `max_pass` (schema 1: no cap; sliding layers in split form) keep loading."""
     folder = tmp_path / "old"

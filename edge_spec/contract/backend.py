@@ -11,7 +11,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from edge_spec.contract.kv import BINDING_STATE, KVLayout, KVState
+from edge_spec.contract.kv import WRITES_ALL, KVLayout, KVState
 
 
 class StepOutput(NamedTuple):
@@ -74,7 +74,7 @@ class Session:
         masks = self.state.masks(rows)
         ids = np.asarray(list(tokens) + [tokens[-1]] * pad, dtype=np.int64)[None]  # [1, T (+ dummy rows)]
         out = self.backend.forward(ids, self.state.position_ids(rows), masks, self.state.length, last_only and not pad)
-        if self.state.layout.binding == BINDING_STATE:  # the program wrote every row (dummies too) into its caches
+        if self.state.layout.binding in WRITES_ALL:  # the graph wrote every row (dummies too) into the caches
             self.state.written(rows)
         if pad:  # drop the dummy rows; their pending K/V rows are never committed (commit takes the first n)
             keep = slice(n - 1, n) if last_only else slice(0, n)

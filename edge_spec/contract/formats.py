@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from edge_spec.errors import ConfigError
 from edge_spec.model import forms
-from edge_spec.contract.kv import BINDING_IO, BINDING_STATE
+from edge_spec.contract.kv import BINDING_IO, BINDING_SHARED, BINDING_STATE
 
 EXPORT, RUN, CHECK = "export", "run", "check"  # where an option goes: the exporter, open_bundle, diagnose
 
@@ -72,6 +72,7 @@ FORMATS = {
     "onnx": Format(
         "onnx", ("fp32", "fp16", "int8", "int4"), BINDING_IO, "ort", "edge_spec.exporters.onnx",
         "edge_spec.runtimes.ort", "pip install onnx onnxruntime onnxscript", about="onnxruntime", native=True,
+        other_bindings=(BINDING_SHARED,),
         precision_help="fp32, fp16 (fp16 compute for accelerator providers; ~10% slower than fp32 on an x86 CPU), int8 "
                        "or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head)",
         options=(Option(("--exporter",), "exporter", "the torch.onnx exporter: dynamo (default, faster graphs) or "

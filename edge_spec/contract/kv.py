@@ -9,6 +9,11 @@ Logical model (shared by every runtime and every exported format):
     accepted `n` drafts the runtime commits `n + 1` rows.
   * binding `io`: caches are graph inputs, the graph returns only the new rows [1, H_kv, T, D];
     the runtime writes the committed rows (write-after-verify).
+  * binding `shared`: caches are graph inputs and outputs (`k_present.{l}`, [1, H_kv, S_l, D_l]) that the runtime
+    binds to the same buffers; a pass writes all its T rows at slot == position (rejected drafts too, then
+    masked and overwritten), as onnxruntime's GroupQueryAttention does, plus a dummy row in the slot after them
+    (`SHARED_SPARE_SLOTS`: the runtime binds up to S_l + 1 slots). Full attention only.
+  * binding `state`: the program owns the caches and writes every row of a pass.
   * rings: W + 1 slots (the drafter reads W + 1 keys), or W + max_pass - 1 when the layout caps the
     tokens per forward (`max_pass`): exported graphs place a forward's new keys in their ring slots
     before attending (batch-invariant attention), which must not evict a key the same forward still reads.
@@ -59,6 +64,14 @@ def v_new_name(layer: int) -> str:
     return f"v_new.{layer}"
 
 
+def k_present_name(layer: int) -> str:  # `shared` binding: the cache as written by the pass (same buffer as k_cache)
+    return f"k_present.{layer}"
+
+
+def v_present_name(layer: int) -> str:
+    return f"v_present.{layer}"
+
+
 # drafter step graph (one draft step; it reads the target's caches under the target's names k_cache.{l})
 EMBED_TABLE = "embed_table"  # [V, Ht] float32: the target's input embedding table (unscaled), shared, not copied
 OUTPUT_TABLE = "output_table"  # [V, Ht] float32: the target's output table, only when untied and head_from="target"
@@ -87,6 +100,14 @@ def mask_cols_dim(kind: str) -> str:
 # ---- layout ------------------------------------------------------------------------------------
 BINDING_IO = "io"  # caches are graph inputs; the runtime writes committed rows (write-after-verify)
 BINDING_STATE = "state"  # caches live in the program; a forward writes all its rows at their slots, rejected included
+# caches are graph inputs *and* outputs bound to the same buffers: a forward writes all its rows at their slots (as
+# `state`), e.g. onnxruntime's GroupQueryAttention in share-buffer mode. Full attention only (slot == position).
+BINDING_SHARED = "shared"
+# A `shared` graph appends one dummy row to every pass (so its fused attention never runs a one-row kernel, whose sums
+# differ from the multi-row ones) and writes it into the slot after the pass: runtimes bind one spare slot.
+SHARED_SPARE_SLOTS = 1
+WRITES_ALL = (BINDING_STATE, BINDING_SHARED)  # bindings whose forwards write every row, rejected drafts included
+CACHE_INPUTS = (BINDING_IO, BINDING_SHARED)  # bindings whose graphs take the caches as inputs
 
 
 @dataclass(frozen=True)
@@ -208,10 +229,13 @@ def target_io(layout: KVLayout, vocab_size: int, hidden_size: int) -> GraphIO:
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, t)), TensorSpec(POSITION_IDS, "int64", (1, t))]
     inputs += [TensorSpec(mask_name(kind), "float32", (1, 1, t, mask_cols_dim(kind))) for kind in layout.kinds()]
     outputs = [TensorSpec(LOGITS, "float32", (1, t, vocab_size)), TensorSpec(HIDDEN, "float32", (1, t, hidden_size))]
-    if layout.binding == BINDING_IO:
+    if layout.binding in CACHE_INPUTS:
         inputs += _cache_specs(layout.caches, (k_cache_name, v_cache_name))
+    if layout.binding == BINDING_IO:
         outputs += [TensorSpec(name(c.layer), "float32", (1, c.num_kv_heads, t, c.head_dim))
                     for c in layout.caches for name in (k_new_name, v_new_name)]
+    elif layout.binding == BINDING_SHARED:  # the caches again, bound to the input buffers (written in place)
+        outputs += _cache_specs(layout.caches, (k_present_name, v_present_name))
     return GraphIO(tuple(inputs), tuple(outputs))
 
 
@@ -226,9 +250,9 @@ def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, targe
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, 1)), TensorSpec(HIDDEN, "float32", (1, 1, target_hidden)),
               TensorSpec(POSITION_IDS, "int64", (1, 1))]
     inputs += [TensorSpec(mask_name(kind), "float32", (1, 1, 1, slots_dim(kind))) for kind in kinds]
-    if layout.binding == BINDING_IO:
+    if layout.binding in CACHE_INPUTS:
         inputs += _cache_specs([by_layer[sources[kind]] for kind in kinds], (k_cache_name, v_cache_name))
-    if layout.binding == BINDING_IO and tables:
+    if layout.binding in CACHE_INPUTS and tables:
         inputs.append(TensorSpec(EMBED_TABLE, "float32", (vocab_size, target_hidden)))
         if output_table:
             inputs.append(TensorSpec(OUTPUT_TABLE, "float32", (vocab_size, target_hidden)))
@@ -327,7 +351,7 @@ class KVState:
     def _committed(self, kind: str) -> np.ndarray:
         """slot_pos with slots holding uncommitted rows (`state` binding: rejected drafts) shown empty."""
         sp = self.slot_pos[kind]
-        return np.where(sp < self.length, sp, -1) if self.layout.binding == BINDING_STATE else sp
+        return np.where(sp < self.length, sp, -1) if self.layout.binding in WRITES_ALL else sp
 
     def _check_window(self, keys, reader: str) -> None:
         """Refuse a read whose window reaches a ring slot already overwritten (`keys(W)` committed keys before
@@ -343,7 +367,7 @@ class KVState:
                     "re-export with rings sized by kv.ring_slots for this binding and --max-pass, or reset the session")
 
     def written(self, n: int) -> None:
-        """`state` binding: a forward wrote n rows at positions [length, length + n) into their slots (the backend's
+        """`state` / `shared` binding: a forward wrote n rows at positions [length, length + n) into their slots (the backend's
         buffers now hold them, committed or not): record what each slot physically holds and what rings lost."""
         for kind in self.layout.kinds():
             ring = self.layout.window(kind) is not None

@@ -58,6 +58,13 @@ class Ops:
         """Packed (weight, bias) of the layer's q/k/v projections, or None: three projections."""
         return None
 
+    def fused_attention(self, attn: nn.Module, qkv: torch.Tensor, rope, i: int | None, caches: tuple):
+        """One kernel for a packed-projection layer's rotary + attention + cache write, or None (the model's own).
+
+        qkv: [1, T, (H + 2 H_kv) * D] unrotated; caches (k, v) [1, H_kv, S, D] -> (out [1, T, H * D], caches with
+        the T new rows written at slot == position (the `shared` KV binding))."""
+        return None
+
     def gate_up(self, mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """Packed (weight, bias) of the MLP's gate/up projections, or None: two projections."""
         return None

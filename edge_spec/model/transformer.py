@@ -21,7 +21,8 @@ from edge_spec.model.ops import EAGER, Ops
 class ModelOutput(NamedTuple):
     logits: torch.Tensor  # [1, T, V] (T = 1 when last_only)
     hidden: torch.Tensor  # [1, T, H] final hidden states after the final norm (same T as logits)
-    new_k: list[torch.Tensor]  # per cached layer, in cfg.cached_layers() order: [1, H_kv, T, D]
+    new_k: list[torch.Tensor]  # per cached layer, in cfg.cached_layers() order: [1, H_kv, T, D] (a fused-attention
+    #                            Ops: the written caches [1, H_kv, S, D], Ops.fused_attention)
     new_v: list[torch.Tensor]
 
 
@@ -76,7 +77,11 @@ class Attention(nn.Module):
         d = self.head_dim
         packed = ops.qkv(self)
         if packed is not None:  # one projection, heads split once, k and v come out head-major
-            heads = F.linear(x, *packed).view(b, t, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, T, D]
+            qkv = F.linear(x, *packed)  # [1, T, (H + 2 H_kv) * D]
+            fused = ops.fused_attention(self, qkv, rope, i, caches)
+            if fused is not None:  # a runtime kernel that rotates, attends and writes the caches (Ops.fused_attention)
+                return self.o_proj(fused[0]), fused[1]
+            heads = qkv.view(b, t, -1, d).transpose(1, 2)  # [1, H + 2 H_kv, T, D]
             q, k, v = heads.split(self.head_counts, dim=1)
             # head-major keys reach the score matmul transposed: no zero key needed (attention.attend_slots)
             out, new = run.attend(self, i, ops.rotate_heads(q, rope), ops.rotate_heads(k, rope), v, caches, False)
