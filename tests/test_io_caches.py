@@ -70,3 +70,25 @@ def test_a_single_head_layer_and_a_negative_control():
             run([(4, 4)])
     finally:
         IoCaches.commit = original
+
+
+def test_rows_written_in_place_survive_the_commit_that_shrinks_the_bucket():
+    """`shared` binding: the graph writes a pass's rows (and its dummy row, one spare slot on) into the bound view
+    itself. A pass at the bucket edge grows the bucket; its commit shrinks it again and must carry the rows the pass
+    wrote, not only the rows committed before it (the bug the host check found: max |diff| 8.9)."""
+    layout = kv.KVLayout((kv.CacheSpec(0, kv.FULL, 3, 4, 40, None),), 40, binding=kv.BINDING_SHARED)
+    rng = np.random.default_rng(0)
+    caches, state = IoCaches(layout, bucket=8, spare=kv.SHARED_SPARE_SLOTS), kv.KVState(layout)
+    ref = np.zeros((1, 3, 41, 4), np.float32)
+    for t, accept in ((5, 5), (2, 1), (2, 1), (3, 2), (9, 3), (2, 1), (2, 2)):  # passes across the edges 8, 16
+        caches.prepare(state.length, t)
+        assert caches.bucket[kv.FULL] >= state.length + t + 1  # the dummy row's slot is bound
+        rows = rng.standard_normal((1, 3, t + 1, 4)).astype(np.float32)
+        for view in caches.views(0):  # what GroupQueryAttention does: rows at slot == position, then the dummy
+            view[:, :, state.length:state.length + t + 1] = rows
+        ref[:, :, state.length:state.length + t + 1] = rows
+        plan = state.plan_commit(accept)
+        caches.commit(plan, None, t)
+        state.advance(accept, plan)
+        for got in caches.views(0):
+            np.testing.assert_array_equal(got[:, :, :state.length], ref[:, :, :state.length])

@@ -3,7 +3,8 @@
 The runner is built as tests/test_native.py builds it (its `native` fixture: CMake into build/native, what `make
 native` runs); the onnx backend is in it when CMake found onnxruntime's library and headers, else every test here
 skips saying why. Tiny random ONNX bundles (tests/tiny.py, the drafters of tests/test_onnx.py) are exported once per
-module, fp32 and int8, as `edge-spec export --format onnx` writes them (the dynamo exporter). Every comparison is
+module, fp32 and int8, as `edge-spec export --format onnx` writes them (the dynamo exporter; llama also with
+`--kv shared`). Every comparison is
 token for token with the Python runtime on the same bundle: greedy plain and speculative (the drafter graph over the
 runner's caches), rejected drafts, seeded rejection sampling (the drafter's logits decide), the host check's verdict,
 the C API; damaged graphs and formats without a backend are refused naming the file and the fix.
@@ -48,6 +49,13 @@ def llama_onnx(tiny_llama, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def llama_shared_onnx(tiny_llama, tmp_path_factory):
+    """The same llama pair with the `shared` KV binding: GroupQueryAttention writing the runner's caches in place."""
+    return _export(tiny_llama[0], tmp_path_factory.mktemp("native-ort") / "llama-shared", dict(head_from="target"),
+                   max_context=160, binding="shared")
+
+
+@pytest.fixture(scope="module")
 def gemma_onnx(tiny_gemma4, tmp_path_factory):
     """Tiny Gemma-4 (sliding rings of 6 + 9 - 1 = 14 slots, KV sharing, per-layer inputs) + a dense-head drafter with
     its own output table."""
@@ -66,7 +74,7 @@ def ort_native(native):  # noqa: F811
     return native
 
 
-@pytest.fixture(params=["llama-fp32", "llama-int8", "gemma-fp32", "gemma-int8"])
+@pytest.fixture(params=["llama-fp32", "llama-int8", "llama_shared-fp32", "llama_shared-int8", "gemma-fp32", "gemma-int8"])
 def bundle(request):
     name, precision = request.param.split("-")
     return request.getfixturevalue(f"{name}_onnx")[precision]

@@ -12,6 +12,9 @@ const char* const FULL = "full";
 const char* const SLIDING = "sliding";
 const char* const BINDING_IO = "io";
 const char* const BINDING_STATE = "state";
+const char* const BINDING_SHARED = "shared";
+
+bool writes_all(const std::string& binding) { return binding == BINDING_STATE || binding == BINDING_SHARED; }
 
 std::vector<std::string> KVLayout::kinds() const {
   std::set<std::string> s;
@@ -101,7 +104,7 @@ void KVState::check_fits(int n_new) const {
 
 std::vector<int64_t> KVState::committed(const std::string& kind) const {
   std::vector<int64_t> sp = slot_pos.at(kind);
-  if (layout_.binding == BINDING_STATE)
+  if (writes_all(layout_.binding))
     for (auto& p : sp)
       if (p >= length) p = -1;  // rows written but not committed (rejected drafts) are shown empty
   return sp;

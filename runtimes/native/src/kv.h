@@ -17,6 +17,9 @@ extern const char* const FULL;     // "full"
 extern const char* const SLIDING;  // "sliding"
 extern const char* const BINDING_IO;
 extern const char* const BINDING_STATE;
+extern const char* const BINDING_SHARED;  // caches in and out bound to the same buffers (kv.py)
+constexpr int SHARED_SPARE_SLOTS = 1;      // a `shared` pass writes a dummy row one slot past its own
+bool writes_all(const std::string& binding);  // every row of a pass lands in the caches (state, shared)
 constexpr float NEG_INF = -1e30f;  // finite: a fully masked row never turns into NaN
 
 struct CacheSpec {

@@ -24,7 +24,7 @@ struct FormatRow {  // edge_spec/contract/formats.py FORMATS: what the manifest 
 
 const std::vector<FormatRow>& formats() {
   static const std::vector<FormatRow> rows = {
-      {"onnx", {"io"}, {"fp32", "fp16", "int8", "int4"}, false},
+      {"onnx", {"io", "shared"}, {"fp32", "fp16", "int8", "int4"}, false},
       {"executorch", {"state"}, {"fp32", "8da4w"}, false},
       {"coreml", {"io", "state"}, {"fp16", "fp32", "int8", "int4", "int4-channel"}, true},
       {"qnn", {"io"}, {"16a8w", "8a8w"}, true},
@@ -274,15 +274,18 @@ GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size) {
     io.inputs.push_back(spec("mask." + kind, "float32", {"1", "1", "T", "S_" + kind + "+T"}));
   io.outputs = {spec("logits", "float32", {"1", "T", std::to_string(vocab_size)}),
                 spec("hidden", "float32", {"1", "T", std::to_string(hidden_size)})};
-  if (layout.binding == BINDING_IO) {
+  if (layout.binding == BINDING_IO || layout.binding == BINDING_SHARED) {
     for (const auto& c : layout.caches)
       for (const char* n : {"k_cache.", "v_cache."})
         io.inputs.push_back(spec(n + std::to_string(c.layer), "float32",
                                  {"1", std::to_string(c.num_kv_heads), "S_" + c.kind, std::to_string(c.head_dim)}));
+    const bool shared = layout.binding == BINDING_SHARED;  // the caches again (written in place), not new rows
     for (const auto& c : layout.caches)
-      for (const char* n : {"k_new.", "v_new."})
+      for (const char* n : shared ? std::vector<const char*>{"k_present.", "v_present."}
+                                  : std::vector<const char*>{"k_new.", "v_new."})
         io.outputs.push_back(spec(n + std::to_string(c.layer), "float32",
-                                  {"1", std::to_string(c.num_kv_heads), "T", std::to_string(c.head_dim)}));
+                                  {"1", std::to_string(c.num_kv_heads), shared ? "S_" + c.kind : std::string("T"),
+                                   std::to_string(c.head_dim)}));
   }
   return io;
 }
@@ -295,7 +298,7 @@ GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sou
                spec("position_ids", "int64", {"1", "1"})};
   for (const auto& s : sources)  // std::map: sorted by kind, as edge_spec.contract.kv sorts them
     io.inputs.push_back(spec("mask." + s.first, "float32", {"1", "1", "1", "S_" + s.first}));
-  if (layout.binding == BINDING_IO) {
+  if (layout.binding == BINDING_IO || layout.binding == BINDING_SHARED) {
     for (const auto& s : sources)
       for (const auto& c : layout.caches)
         if (c.layer == s.second)

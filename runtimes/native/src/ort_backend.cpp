@@ -78,13 +78,14 @@ std::unique_ptr<Table> map_table(const std::string& folder, const Manifest& m, c
 // ---- the caches: per cached layer a flat K and V buffer [H_kv * S * D], bound as its bucket's prefix ------------
 class IoCaches {
  public:
-  IoCaches(const KVLayout& layout, int bucket) : layout_(layout), bucket_size_(bucket) {
+  // spare: slots past each layer's own that a pass may write (`shared`: its dummy row, SHARED_SPARE_SLOTS)
+  IoCaches(const KVLayout& layout, int bucket, int spare) : layout_(layout), bucket_size_(bucket), spare_(spare) {
     for (const auto& c : layout.caches) {
-      k_.emplace_back(size_t(c.num_kv_heads) * c.slots * c.head_dim, 0.0f);
-      v_.emplace_back(size_t(c.num_kv_heads) * c.slots * c.head_dim, 0.0f);
+      k_.emplace_back(size_t(c.num_kv_heads) * (c.slots + spare) * c.head_dim, 0.0f);
+      v_.emplace_back(size_t(c.num_kv_heads) * (c.slots + spare) * c.head_dim, 0.0f);
     }
     for (const auto& kind : layout.kinds()) {
-      bucket_[kind] = bucket_slots(0, layout.slots(kind), bucket_size_);
+      bucket_[kind] = bucket_slots(0, layout.slots(kind) + spare_, bucket_size_);
       used_[kind] = 0;
     }
   }
@@ -99,21 +100,23 @@ class IoCaches {
   void prepare(int64_t n_cached, int t) {
     for (const auto& kind : layout_.kinds()) {
       const int used = int(std::min<int64_t>(n_cached, layout_.slots(kind)));  // slots >= used are empty
-      fit(kind, used, used + t);
+      fit(kind, used, used + t + spare_);
       used_[kind] = used;
     }
   }
 
-  // Copy the accepted rows of the last pass (new rows [1, H_kv, t, D] per layer) into their slots.
+  // Copy the accepted rows of the last pass (new rows [1, H_kv, t, D] per layer) into their slots. `in_place`
+  // (`shared`): the graph already wrote them there; a re-layout keeps them and nothing is copied.
   void commit(const CommitPlan& plan, const std::vector<std::vector<float>>& k_new,
-              const std::vector<std::vector<float>>& v_new, int t) {
+              const std::vector<std::vector<float>>& v_new, int t, bool in_place) {
     for (const auto& entry : plan) {
       const auto& slots = entry.second.second;
       if (slots.empty()) continue;
-      const int top = int(*std::max_element(slots.begin(), slots.end())) + 1;
-      fit(entry.first, used_[entry.first], std::max(used_[entry.first], top));
-      used_[entry.first] = std::max(used_[entry.first], top);
+      const int top = std::max(used_[entry.first], int(*std::max_element(slots.begin(), slots.end())) + 1);
+      fit(entry.first, in_place ? top : used_[entry.first], top);
+      used_[entry.first] = top;
     }
+    if (in_place) return;
     for (size_t i = 0; i < layout_.caches.size(); ++i) {
       const CacheSpec& c = layout_.caches[i];
       const auto& rows = plan.at(c.kind).first;
@@ -131,7 +134,7 @@ class IoCaches {
  private:
   // Make the bound prefix of `kind` the bucket for `need` visible slots, keeping rows [0, used) of every head.
   void fit(const std::string& kind, int used, int need) {
-    const int old_b = bucket_.at(kind), new_b = bucket_slots(need, layout_.slots(kind), bucket_size_);
+    const int old_b = bucket_.at(kind), new_b = bucket_slots(need, layout_.slots(kind) + spare_, bucket_size_);
     if (old_b == new_b) return;
     const int rows = std::min({used, old_b, new_b});
     for (size_t i = 0; i < layout_.caches.size(); ++i)
@@ -156,7 +159,7 @@ class IoCaches {
   }
 
   KVLayout layout_;
-  int bucket_size_;
+  int bucket_size_, spare_;
   std::vector<std::vector<float>> k_, v_;
   std::map<std::string, int> bucket_, used_;  // kind -> slots bound; rows [0, used) of each bucket hold data
   int generation_ = 0;
@@ -226,7 +229,8 @@ class OrtBackend : public Backend {
  public:
   OrtBackend(std::shared_ptr<Runtime> rt, Ort::Session session, std::string path, const Manifest& m, std::string identity)
       : rt_(std::move(rt)), session_(std::move(session)), path_(std::move(path)), layout_(m.layout),
-        vocab_(m.vocab_size), hidden_(m.hidden_size), identity_(std::move(identity)), caches(m.layout, ORT_BUCKET),
+        vocab_(m.vocab_size), hidden_(m.hidden_size), identity_(std::move(identity)),
+        shared_(m.binding == BINDING_SHARED), caches(m.layout, ORT_BUCKET, shared_ ? SHARED_SPARE_SLOTS : 0),
         in_names_(io_names(m.graphs.at("target").io.inputs)), out_names_(io_names(m.graphs.at("target").io.outputs)) {
     k_new_.resize(layout_.caches.size());
     v_new_.resize(layout_.caches.size());
@@ -254,10 +258,13 @@ class OrtBackend : public Backend {
       const int s = layout_.slots(kind), b = caches.bucket(kind);
       std::vector<float>& dst = masks_[kind];
       dst.resize(size_t(t) * (b + t));
+      const int seen = std::min(b, s);  // a `shared` bucket may bind a spare slot past the layer's own (masked)
       for (int r = 0; r < t; ++r) {
         const float* row = m.data.data() + size_t(r) * m.cols;
-        std::memcpy(dst.data() + size_t(r) * (b + t), row, sizeof(float) * size_t(b));
-        std::memcpy(dst.data() + size_t(r) * (b + t) + b, row + s, sizeof(float) * size_t(t));
+        float* out_row = dst.data() + size_t(r) * (b + t);
+        std::memcpy(out_row, row, sizeof(float) * size_t(seen));
+        std::fill(out_row + seen, out_row + b, NEG_INF);
+        std::memcpy(out_row + b, row + s, sizeof(float) * size_t(t));
       }
       in.emplace("mask." + kind, tensor(rt_->cpu, dst.data(), {1, 1, t, b + t}));
     }
@@ -269,6 +276,11 @@ class OrtBackend : public Backend {
       const std::string layer = std::to_string(c.layer);
       in.emplace("k_cache." + layer, tensor(rt_->cpu, caches.k(i), {1, h, b, d}));  // [1, H_kv, b, D]
       in.emplace("v_cache." + layer, tensor(rt_->cpu, caches.v(i), {1, h, b, d}));
+      if (shared_) {  // the caches out are the caches in: the graph writes its rows in place
+        out.emplace("k_present." + layer, tensor(rt_->cpu, caches.k(i), {1, h, b, d}));
+        out.emplace("v_present." + layer, tensor(rt_->cpu, caches.v(i), {1, h, b, d}));
+        continue;
+      }
       k_new_[i].resize(size_t(h * t * d));
       v_new_[i].resize(size_t(h * t * d));
       out.emplace("k_new." + layer, tensor(rt_->cpu, k_new_[i].data(), {1, h, t, d}));  // [1, H_kv, T, D]
@@ -288,7 +300,7 @@ class OrtBackend : public Backend {
 
   void commit(const CommitPlan& plan) override {  // the `io` binding: the runner writes the accepted rows
     if (!pending_) throw kv_state_error("commit without a forward", "call forward before commit");
-    caches.commit(plan, k_new_, v_new_, pending_);
+    caches.commit(plan, k_new_, v_new_, pending_, shared_);
     pending_ = 0;
   }
 
@@ -300,6 +312,7 @@ class OrtBackend : public Backend {
   KVLayout layout_;
   int vocab_, hidden_;
   std::string identity_;
+  bool shared_;  // the `shared` binding: caches bound as inputs and outputs, written by the graph
   IoCaches caches;
 
  private:
@@ -334,7 +347,9 @@ class OrtDrafter : public DrafterBackend {
     for (const auto& src : sources_) {
       const int b = target_.caches.bucket(src.first);
       const Mask& m = masks.at(src.first);
-      masks_[src.first].assign(m.data.begin(), m.data.begin() + b);  // [1, 1, 1, b]
+      const int seen = std::min<int>(b, int(m.data.size()));  // a spare slot past the layer's own stays masked
+      masks_[src.first].assign(m.data.begin(), m.data.begin() + seen);  // [1, 1, 1, b]
+      masks_[src.first].resize(size_t(b), NEG_INF);
     }
   }
 
@@ -412,8 +427,8 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_ort(co
                                                                               const Manifest& m, int threads) {
   if (threads < 0) throw config_error("threads must be >= 0, got " + std::to_string(threads), "use --threads 2");
   ort::check_api();
-  if (m.binding != BINDING_IO)
-    throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the onnx backend runs the `io` binding, this bundle's is '" +
+  if (m.binding != BINDING_IO && m.binding != BINDING_SHARED)
+    throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the onnx backend runs the `io` and `shared` bindings, this bundle's is '" +
                            m.binding + "'",
                        FIX);
   try {

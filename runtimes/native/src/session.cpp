@@ -20,7 +20,7 @@ StepOutput Session::forward(const std::vector<int64_t>& tokens, bool last_only) 
   std::vector<int64_t> positions(static_cast<size_t>(rows));
   for (int i = 0; i < rows; ++i) positions[i] = state.length + i;
   StepOutput out = backend.forward(ids, positions, masks, state.length, last_only && !pad);
-  if (state.layout().binding == BINDING_STATE) state.written(rows);  // the program wrote every row (dummies too)
+  if (writes_all(state.layout().binding)) state.written(rows);  // the program wrote every row (dummies too)
   if (pad) {  // drop the dummy rows
     const int v = backend.vocab_size(), h = backend.hidden_size();
     const int first = last_only ? n - 1 : 0;

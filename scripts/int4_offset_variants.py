@@ -1,0 +1,131 @@
+"""What the int4 bundle's exact-Q4_1 offset term costs, as graph variants of one int4 bundle (docs/benchmarks.md,
+"The int4 offset term"); each variant is a bundle, then measured with scripts/profile_step.py (kernel time per plain
+step) and scripts/quant_agreement.py (top-1 agreement with fp32):
+
+    .venv/bin/python scripts/int4_offset_variants.py B-int4 --work /tmp/offset-variants
+
+  * `reducesum`: the block sums as Reshape + ReduceSum instead of a MatMul with a 0/1 indicator (same weights);
+  * `zeropoints`: every MatMulNBits with uint8 zero points and no offset term, the weights re-quantized by
+    round-to-nearest over [min(lo, 0), max(hi, 0)] per block (onnxruntime's / onnxruntime-genai's int4 form):
+    NOT the GGUF Q4_1 weights any more;
+  * `symhead`: only the 8-bit output head made symmetric (SmolLM2's token_embd is Q8_0: the same weights), its
+    offset term dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from int4_variants import build  # noqa: E402
+
+
+def _prune(g) -> None:
+    """Drop nodes whose outputs nothing reads (repeatedly) and initializers no node reads."""
+    outs = {o.name for o in g.output}
+    while True:
+        used = {i for n in g.node for i in n.input} | outs
+        alive = [n for n in g.node if any(o in used for o in n.output)]
+        if len(alive) == len(g.node):
+            break
+        del g.node[:]
+        g.node.extend(alive)
+    used = {i for n in g.node for i in n.input}
+    keep = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+
+
+def reducesum(proto):
+    """The indicator MatMul of each block sum -> Reshape [.., K/32, 32] + ReduceSum."""
+    g = proto.graph
+    inits = {t.name: t for t in g.initializer}
+    nodes = []
+    for n in g.node:
+        if n.op_type == "MatMul" and n.input[1].endswith(".indicator"):
+            k, kb = numpy_helper.to_array(inits[n.input[1]]).shape
+            shp = n.name + ".shape"
+            g.initializer.append(numpy_helper.from_array(np.array([0, 0, kb, k // kb], np.int64), shp))
+            ax = n.name + ".axes"
+            g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), ax))
+            nodes.append(helper.make_node("Reshape", [n.input[0], shp], [n.output[0] + ".blocks"]))
+            nodes.append(helper.make_node("ReduceSum", [n.output[0] + ".blocks", ax], [n.output[0]], keepdims=0))
+        else:
+            nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    _prune(g)
+
+
+def zeropoints(proto):
+    """MatMulNBits + offsets -> MatMulNBits with uint8 zero points (weights requantized: RTN over [min(lo,0), max(hi,0)])."""
+    g = proto.graph
+    inits = {t.name: t for t in g.initializer}
+    prod = {o: n for n in g.node for o in n.output}
+    cons = {}
+    for n in g.node:
+        for i in n.input: cons.setdefault(i, []).append(n)
+    drop = set(); rename = {}
+    for n in list(g.node):
+        if n.op_type != "MatMulNBits" or not n.output[0].endswith(".main"):
+            continue
+        a = {x.name: x for x in n.attribute}
+        bits, K, N, B = a["bits"].i, a["K"].i, a["N"].i, a["block_size"].i
+        packed = numpy_helper.to_array(inits[n.input[1]]); scales = numpy_helper.to_array(inits[n.input[2]]).reshape(N, -1)
+        kb = scales.shape[1]
+        if bits == 4:
+            q = np.stack([packed & 15, packed >> 4], -1).reshape(N, kb, B).astype(np.float32)
+        else:
+            q = packed.reshape(N, kb, B).astype(np.float32)
+        add = next(c for c in cons[n.output[0]] if c.op_type == "Add")
+        off_mm = prod[[i for i in add.input if i != n.output[0]][0]]
+        offsets = numpy_helper.to_array(inits[off_mm.input[1]])  # [kb, N]
+        zero = 2 ** (bits - 1)
+        w = (q - zero) * scales[..., None] + offsets.T[..., None]  # [N, kb, B]
+        levels = 2 ** bits - 1
+        lo = np.minimum(w.min(-1), 0); hi = np.maximum(w.max(-1), 0)
+        sc = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
+        zp = np.clip(np.rint(-lo / sc), 0, levels)
+        qq = np.clip(np.rint(w / sc[..., None]) + zp[..., None], 0, levels).astype(np.uint8)
+        zp = zp.astype(np.uint8)
+        if bits == 4:
+            qq = qq[..., 0::2] | (qq[..., 1::2] << 4)
+            if kb % 2: zp = np.concatenate([zp, np.zeros((N, 1), np.uint8)], 1)
+            zp = zp[:, 0::2] | (zp[:, 1::2] << 4)
+        inits[n.input[1]].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(qq), n.input[1]))
+        inits[n.input[2]].CopyFrom(numpy_helper.from_array(sc.reshape(-1), n.input[2]))
+        zname = n.input[1] + ".zp"
+        g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(zp), zname))
+        n.input.append(zname)
+        drop.update([add.name or add.output[0], off_mm.name or off_mm.output[0]])
+        rename[add.output[0]] = n.output[0]
+    # rewire: consumers of the Add output read the MatMulNBits output directly
+    nodes = [n for n in g.node if (n.name or n.output[0]) not in drop]
+    inv = {v: k for k, v in rename.items()}
+    for n in nodes:
+        if n.op_type == "MatMulNBits" and n.output[0] in inv:
+            n.output[0] = inv[n.output[0]]
+    del g.node[:]; g.node.extend(nodes)
+    _prune(g)
+
+
+VARIANTS = {"reducesum": reducesum, "zeropoints": zeropoints, "symhead": symhead}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle")
+    ap.add_argument("--work", required=True, help="folder for the variant bundles (~250 MB each for SmolLM2)")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    args = ap.parse_args()
+    for name in args.variants:
+        print(build(Path(args.bundle), Path(args.work) / name, VARIANTS[name]))
+
+
+if __name__ == "__main__":
+    main()
