@@ -21,7 +21,9 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 QUANT  ?= int4
-BUNDLE ?= bundles/smollm2-$(QUANT)
+# shared: onnxruntime's fused GroupQueryAttention writing the caches in place (~9% faster steps; KV=io: the default form)
+KV     ?= shared
+BUNDLE ?= bundles/smollm2-$(QUANT)-$(KV)
 
 # main job: export SmolLM2 + its built-in drafter to an ONNX bundle (int4: holds the embedded GGUF's Q4_1 body
 # weights exactly; QUANT=int8, fp32 or fp16 also work), continue a code prompt plainly and speculatively with
@@ -30,7 +32,7 @@ BUNDLE ?= bundles/smollm2-$(QUANT)
 # onnxruntime-genai's own model of the same checkpoint decoding each prompt right after us; its last line is
 # the measured result.
 demo: venv
-	$(BIN)/edge-spec export --model smollm2-135m --drafter builtin --quant $(QUANT) --out $(BUNDLE)
+	$(BIN)/edge-spec export --model smollm2-135m --drafter builtin --quant $(QUANT) --kv $(KV) --out $(BUNDLE)
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --prompt "$$(printf '$(PROMPT)')" --max-new-tokens 96 --no-spec
 	$(BIN)/edge-spec generate --bundle $(BUNDLE) --threads 2 --prompt "$$(printf '$(PROMPT)')" --max-new-tokens 96
 	$(BIN)/edge-spec check --bundle $(BUNDLE) --threads 2
