@@ -2,7 +2,7 @@
 greedy decoding (and, with --peer, on onnxruntime-genai's model of the same checkpoint, fed through its own runtime).
 
     .venv/bin/python scripts/profile_step.py /tmp/b-int4 [/tmp/b-int8 ...] --tokens 64 --threads 2 \
-        [--genai ~/.cache/edge-spec/peers/genai-0.18.0-smollm2-135m-instruct-int4]
+        [--genai ~/.cache/edge-spec/peers/genai-0.18.0-smollm2-135m-instruct-int4] [--verify 2 5]
 
 Prints, per graph: nodes per step, kernel microseconds per step by op type (sorted), and the step's total kernel
 time. The profiler's own overhead inflates every node's time a little; compare graphs within one run.
@@ -57,21 +57,30 @@ def report(name: str, steps: int, per_op: dict[str, float], nodes: int, skip: in
         print(f"  {op:36s} {us / steps:8.1f} us  {100 * us / steps / total:5.1f}%")
 
 
-def profile_bundle(folder: str, tokens: int, threads: int) -> None:
+def profile_bundle(folder: str, tokens: int, threads: int, verify: int | None = None) -> None:
+    """Plain decoding of `tokens` tokens, or (`verify` T) `tokens` passes of T tokens at one position after the
+    prompt (a verify pass's cost, nothing committed)."""
     from edge_spec.api import load_bundle
 
     tmp = Path(tempfile.mkdtemp(prefix="profile-"))
     base = _profiled(str(tmp / "p"))
     try:
         engine = load_bundle(folder, threads=threads, host_check=False)
-        engine.generate(PROMPT, chat=True, max_new_tokens=tokens, speculative=False)
+        if verify:
+            ids = engine.tokenizer.encode_prompt(PROMPT, chat=True)
+            engine.session.reset()
+            engine.session.prefill(ids)
+            for _ in range(tokens):
+                engine.session.forward(ids[:verify])
+        else:
+            engine.generate(PROMPT, chat=True, max_new_tokens=tokens, speculative=False)
         backend = getattr(engine.session, "backend", None)
         target = getattr(backend, "session", None)  # the target graph's InferenceSession (OrtBackend)
     finally:
         ort.SessionOptions = base
     files = [Path(target.end_profiling())] if target is not None else sorted(tmp.glob("p*.json"))
     steps, per_op, nodes = summarize(files[0], "target")
-    report(f"{folder} target", steps, per_op, nodes, 1)
+    report(f"{folder} target" + (f", passes of {verify} tokens" if verify else ""), steps, per_op, nodes, 1)
 
 
 def profile_genai(model_dir: str, tokens: int, threads: int) -> None:
@@ -107,9 +116,13 @@ def main() -> None:
     ap.add_argument("--genai", nargs="*", default=[])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--verify", type=int, nargs="*", default=[],
+                    help="also profile passes of these token counts (verify passes; --tokens passes each)")
     args = ap.parse_args()
     for b in args.bundles:
         profile_bundle(b, args.tokens, args.threads)
+        for t in args.verify:
+            profile_bundle(b, args.tokens, args.threads, t)
     for g in args.genai:
         profile_genai(g, args.tokens, args.threads)
 
