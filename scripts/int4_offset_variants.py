@@ -114,6 +114,38 @@ def zeropoints(proto):
     _prune(g)
 
 
+
+def symhead(proto, vocab=49152):
+    """The output head's 8-bit asymmetric code + offsets -> symmetric 8-bit (Q8_0 source: the same weights)."""
+    g = proto.graph
+    inits = {t.name: t for t in g.initializer}
+    prod = {o: n for n in g.node for o in n.output}
+    cons = {}
+    for n in g.node:
+        for i in n.input: cons.setdefault(i, []).append(n)
+    drop = set()
+    for n in list(g.node):
+        if n.op_type != "MatMulNBits" or not n.output[0].endswith(".main"): continue
+        a = {x.name: x for x in n.attribute}
+        if a["N"].i != vocab: continue
+        N, B = a["N"].i, a["block_size"].i
+        packed = numpy_helper.to_array(inits[n.input[1]]); scales = numpy_helper.to_array(inits[n.input[2]]).reshape(N, -1)
+        kb = scales.shape[1]
+        add = next(c for c in cons[n.output[0]] if c.op_type == "Add")
+        off_mm = prod[[i for i in add.input if i != n.output[0]][0]]
+        offsets = numpy_helper.to_array(inits[off_mm.input[1]])
+        w = (packed.reshape(N, kb, B).astype(np.float32) - 128) * scales[..., None] + offsets.T[..., None]
+        amax = np.abs(w).max(-1); sc = np.where(amax > 0, amax / 127, 1.0).astype(np.float32)
+        q = (np.clip(np.rint(w / sc[..., None]), -127, 127) + 128).astype(np.uint8)
+        inits[n.input[1]].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(q), n.input[1]))
+        inits[n.input[2]].CopyFrom(numpy_helper.from_array(sc.reshape(-1), n.input[2]))
+        drop.update([add.output[0], off_mm.output[0]])
+        n.output[0] = add.output[0]
+    nodes = [n for n in g.node if not (n.op_type in ("Add", "MatMul") and n.output[0] in drop and n.op_type != "MatMulNBits")]
+    del g.node[:]; g.node.extend(nodes)
+    _prune(g)
+
+
 VARIANTS = {"reducesum": reducesum, "zeropoints": zeropoints, "symhead": symhead}
 
 
