@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 QUANT  ?= int4
-# shared: onnxruntime's fused GroupQueryAttention writing the caches in place (~9% faster steps; KV=io: the default form)
+# shared: onnxruntime's fused GroupQueryAttention writing the caches in place (~9% faster steps, the default for llama; KV=io: the previous form)
 KV     ?= shared
 BUNDLE ?= bundles/smollm2-$(QUANT)-$(KV)
 

@@ -81,7 +81,8 @@ def _rows() -> list[Row]:
         shape = SHAPES[family]
         onnx_windows = ((70, WINDOWS[:4]) if family == "llama" else
                         (80, ((58, 6), (53, 6), (40, 2), (64, 4), (26, 9))))
-        rows.append(Row("onnx", family, kv.BINDING_IO, "test_onnx.py", export=dict(precision="fp32", **shape),
+        rows.append(Row("onnx", family, kv.BINDING_IO, "test_onnx.py",
+                        export=dict(precision="fp32", binding=kv.BINDING_IO, **shape),
                         verify=onnx_windows, spec_tokens=40, damage="onnx/target.onnx",
                         unreadable=r"target\.onnx: onnxruntime .*cannot load this graph"))
         if family == "llama":  # GroupQueryAttention writing the caches in place (full-attention llama models only)

@@ -45,7 +45,7 @@ def _export(folder, out, drafter_args, **export_args):
 def llama_onnx(tiny_llama, tmp_path_factory):
     """Tiny llama + a clustered drafter scoring with the target's tied table (tests/test_onnx.py's `llama`)."""
     return _export(tiny_llama[0], tmp_path_factory.mktemp("native-ort") / "llama", dict(head_from="target"),
-                   max_context=160)
+                   max_context=160, binding="io")
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,10 @@ def export_bundle(target: LoadedModel, out: str | Path, *, format: str, drafter:
     format's own, given to its exporter's `writer(**options)` (e.g. its registry row's export options), which
     checks them before any work. Each exporter module binds its format: `export_bundle = bundle.entry(NAME)`."""
     fmt = get_format(format)
-    write = exporter(format).writer(**options)
+    module = exporter(format)
+    write = module.writer(**options)
+    if binding is None and hasattr(module, "default_binding"):  # the format may pick per model (and options)
+        binding = module.default_binding(target.config, **options)
     return export(target, out, fmt=fmt, write=write, drafter=drafter, drafter_source=drafter_source,
                   precision=precision, max_context=max_context, max_draft_len=max_draft_len, max_pass=max_pass,
                   progress=progress, binding=binding)
@@ -66,7 +69,8 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
            progress: Callable[[str], None] | None = None, binding: str | None = None) -> Path:
     """Export `target` (+ `drafter`) to a bundle of format `fmt` at `out`, atomically; `progress(step)` before each step.
 
-    `binding`: the KV binding (edge_spec.contract.kv; default the format's, one of `fmt.bindings`).
+    `binding`: the KV binding (edge_spec.contract.kv; default the format's, one of `fmt.bindings`; `export_bundle`
+    first asks the exporter module's `default_binding(cfg, **options)`, where it has one).
     `max_pass`: the most tokens one forward may carry (prefill chunk, verify pass). It sizes sliding rings (`io`:
     W + max_pass - 1 slots, `state`: W + max_pass) and, under the `state` binding, the program's planned buffers;
     default 64, or max_draft_len + 1 if larger. `io` targets without sliding layers take any T and record no cap."""
