@@ -32,7 +32,8 @@ writes a pad row's key into a slot a real row reads, even at the end of the cont
 the host check measures it on the Mac that runs the package.
 
 Precisions (coremltools.optimize on the converted functions): fp16 compute (default; IO stays fp32; RMSNorm's ops in
-fp32, `FP32_OPS`: its squares overflow fp16), fp32 compute,
+fp32, `FP32_OPS`: its squares overflow fp16; the target's residual stream carried divided by a power of two where its
+fp32 peak on the bench prompts needs it, edge_spec.model.headroom: gemma-3-270m's reaches 104,061), fp32 compute,
 int8 per-channel weights, int4 per-block (32) weights (GPU), int4 per-channel (what the ANE runs), all fp16 compute.
 Conversion goes through torch.export (its decomposed graph, with torch 2.13's `alias` no-ops removed).
 Exporters import the core only, never runtimes.
@@ -50,6 +51,7 @@ import torch
 from torch import nn
 
 from edge_spec.contract import bundle
+from edge_spec.contract import calibration
 from edge_spec.contract import kv
 from edge_spec.exporters import static
 from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
@@ -59,6 +61,7 @@ from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.runtimes.coreml_tools import import_coremltools
 from edge_spec.runtimes.fixed import function_slots, pass_lengths, state_slots, write_slots_name
 from edge_spec.contract.manifest import GraphEntry
+from edge_spec.model import headroom
 
 COREML_DIR = "coreml"
 PACKAGE = f"{COREML_DIR}/program.mlpackage"
@@ -220,13 +223,18 @@ def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str,
     state = layout.binding == kv.BINDING_STATE
     model = job.target.model.eval()
     names_in, names_out = target_features(layout)
+    stream, note = model, ""
+    if job.precision != "fp32":  # fp16 compute: the residual stream must fit fp16 (edge_spec.model.headroom)
+        s, peak = calibration.stream_scale(job.target)
+        stream = headroom.scaled_stream(model, s).eval()
+        note = f", residual stream / {s}: its fp32 peak {peak:,.0f} on the bench prompts" if s > 1 else ""
     for t in lengths:
-        job.step(f"converting the target at T = {t} ({job.precision}, {layout.binding} binding)")
+        job.step(f"converting the target at T = {t} ({job.precision}, {layout.binding} binding{note})")
         if state:
-            module = static.StateTargetFunction(model, layout, slots)
+            module = static.StateTargetFunction(stream, layout, slots)
             args = static.state_target_args(layout, slots, t)
         else:
-            module, args = static.TargetFunction(model, layout), static.target_args(layout, slots, t)
+            module, args = static.TargetFunction(stream, layout), static.target_args(layout, slots, t)
         ml = convert(module.eval(), args, names_in, names_out, job.precision, target_function(t))
         _check_states(ml, layout, target_function(t))
         yield target_function(t), _save(ml, work / f"{target_function(t)}.mlpackage")

@@ -5,13 +5,13 @@ and across each layer's cache tensors (`cache_groups`), the target's outputs wid
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from edge_spec.contract import bundle
+from edge_spec.contract import calibration
 from edge_spec.runtimes import qnn_htp
 from edge_spec.contract.backend import Session
 from edge_spec.loading.checkpoints import LoadedModel
@@ -50,18 +50,10 @@ class _Recorder:
 
 def calibration_tokens(target: LoadedModel, run: Session, n_prompts: int = CALIBRATION_PROMPTS) -> list[list[int]]:
     """Our prompt data: each shipped bench prompt's first tokens + the target's own greedy continuation."""
-    from importlib import resources
-
-    lines = resources.files("edge_spec.assets.prompts").joinpath("bench.jsonl").read_text().splitlines()
     out, budget = [], min(CALIBRATION_TOKENS, run.max_context)
-    for line in lines[:n_prompts]:
-        item = json.loads(line)
-        ids = target.tokenizer.encode_prompt(item["prompt"], chat=bool(item.get("chat")))[:budget // 2]
-        rng = np.random.default_rng(len(out))  # tokenizers that map the text to few ids (tests): a few random ones
-        if len(set(ids)) < 4:
-            ids = (ids + rng.integers(4, target.config.vocab_size, 8).tolist())[:budget // 2]
+    for index, ids in enumerate(calibration.prompt_ids(target, n_prompts, budget // 2)):
         more = generate_plain(run, ids, max_new_tokens=budget - len(ids), params=SamplingParams(),
-                              rng=rng, stop_ids=frozenset()).tokens
+                              rng=np.random.default_rng(index), stop_ids=frozenset()).tokens
         out.append(ids + list(more))
     return out
 

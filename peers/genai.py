@@ -44,7 +44,8 @@ def genai_model(source: Path, precision: str, cache: Path) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(tmp / "model"),
+    # the builder itself, with a shim for Gemma-3's per-layer-type RoPE as transformers 5 reads it (genai_builder.py)
+    cmd = [sys.executable, "-m", "edge_spec.peers.genai_builder", "-i", str(source), "-o", str(tmp / "model"),
            "-p", precision, "-e", "cpu", "-c", str(tmp / "hf-cache")]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0 or not (tmp / "model" / "genai_config.json").is_file():
@@ -71,10 +72,13 @@ class OrtGenaiPeer(PeerTimes):
             "intra_op_num_threads": self.threads, "inter_op_num_threads": 1}}}}))
         self.og, self.model = og, og.Model(config)
         self.outputs = []
+        # its sliding-window attention refuses a KV capacity (max_length) below the window (gemma-3: 512)
+        decoder = json.loads((self.model_dir / "genai_config.json").read_text())["model"]["decoder"]
+        self.min_length = int((decoder.get("sliding_window") or {}).get("window_size", 0))
 
     def _generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], float, float, float]:
         params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=False)
+        params.set_search_options(max_length=max(len(ids) + max_new_tokens, self.min_length), do_sample=False)
         gen = self.og.Generator(self.model, params)
         start = time.perf_counter()
         gen.append_tokens(np.asarray(ids, dtype=np.int32))

@@ -193,6 +193,32 @@ def test_onnxruntime_genai_peer_decodes_the_same_model(bundles, tiny_llama, tmp_
     assert genai["peer"] == "onnxruntime-genai" and genai["precision"] == "fp32" and genai["tokens"] == 2 * 5
 
 
+def test_onnxruntime_genai_peer_builds_a_gemma3_checkpoint(tmp_path):
+    """Gemma-3 as transformers 5 reads it (per-layer-type rope_parameters) goes through the builder's shim
+    (peers/genai_builder.py: without it the 0.18 builder fails with KeyError 'rope_type'): in fp32 the peer gives our
+    eager greedy tokens past the sliding window (6), so both RoPE bases are the checkpoint's."""
+    from transformers import AutoConfig
+
+    from edge_spec.peers.genai import OrtGenaiPeer, genai_model
+    from edge_spec.peers.genai_builder import flatten_gemma3_rope
+    from tests.test_gemma3 import greedy
+    from tests.tiny import gemma3_config, save_gemma3_reference
+
+    folder = tmp_path / "gemma3"
+    save_gemma3_reference(gemma3_config(), folder, seed=5)
+    config = AutoConfig.from_pretrained(folder)
+    assert "rope_type" not in config.rope_parameters and getattr(config, "rope_local_base_freq", None) is None
+    flatten_gemma3_rope(config)
+    assert (config.rope_theta, config.rope_local_base_freq) == (1e6, 1e4)
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 1e6}
+    loaded = checkpoints.load(str(folder))
+    peer = OrtGenaiPeer(genai_model(folder, "fp32", tmp_path / "peers"), threads=1, precision="fp32")
+    for seed in range(2):
+        ids = [int(i) for i in np.random.default_rng(seed).integers(4, 320, 9)]
+        peer.run(ids, 12)
+        assert peer.outputs[-1] == greedy(loaded, ids, 12, max_context=64)
+
+
 def test_bench_eager_runtime_from_a_checkpoint(tiny_llama, tmp_path):
     from edge_spec.model.drafter import save_drafter
 

@@ -1,0 +1,48 @@
+"""Export-time calibration data: the shipped bench prompts as the target's own token ids, and what exporters
+measure on them in eager fp32 (e.g. the residual stream's peak, for fp16 programs: edge_spec.model.headroom).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import numpy as np
+
+from edge_spec.contract.backend import Session
+from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.model import headroom
+from edge_spec.model.config import kv_layout
+
+STREAM_PROMPTS = 3  # bench prompts the fp16 stream peak is measured on (gemma-3-270m: ~1 s each, eager)
+STREAM_TOKENS = 96  # each prompt's first tokens (chat prompts: the template's tokens included)
+
+
+def prompt_ids(target: LoadedModel, n_prompts: int, max_len: int) -> list[list[int]]:
+    """The first `n_prompts` shipped bench prompts as `target`'s ids, each cut to `max_len`; a tokenizer that maps the
+    text to fewer than 4 distinct ids (tests' word-level ones) gets 8 random ids added (seeded by the prompt's index)."""
+    lines = resources.files("edge_spec.assets.prompts").joinpath("bench.jsonl").read_text().splitlines()
+    out = []
+    for index, line in enumerate(lines[:n_prompts]):
+        item = json.loads(line)
+        ids = target.tokenizer.encode_prompt(item["prompt"], chat=bool(item.get("chat")))[:max_len]
+        if len(set(ids)) < 4:
+            rng = np.random.default_rng(index)
+            ids = (ids + rng.integers(4, target.config.vocab_size, 8).tolist())[:max_len]
+        out.append([int(i) for i in ids])
+    return out
+
+
+def stream_scale(target: LoadedModel) -> tuple[int, float]:
+    """(s, peak): the power of two an fp16 program divides the residual stream by (edge_spec.model.headroom), from the
+    stream's peak |x| over the first bench prompts in eager fp32."""
+    from edge_spec.runtimes.torch import TorchBackend  # the reference runtime (imports torch-side modules)
+
+    prompts = prompt_ids(target, STREAM_PROMPTS, STREAM_TOKENS)
+    layout = kv_layout(target.config, max(len(p) for p in prompts) + 1)
+
+    def run(ids: list[int]) -> None:
+        Session(TorchBackend(target.model.eval(), layout), prefill_chunk=len(ids)).forward(ids)
+
+    peak = headroom.stream_peak(target.model, run, prompts)
+    return headroom.scale_for(peak), peak
