@@ -107,6 +107,37 @@ def test_cost_model_prefers_plain_decoding_for_a_useless_drafter():
     assert model.expected_tokens(4) == pytest.approx(5.0, abs=0.01)
 
 
+def test_cost_model_prices_retrieval_apart_from_the_drafter():
+    """Retrieval bursts (copied spans, accepted whole) keep their full length while the drafter's acceptance is
+    poor; with one k for both (the previous model) they were cut to the drafter's length."""
+    model = CostModel(k_max=4)
+    model.observe_verify(1, 0.010)
+    model.observe_verify(5, 0.016)
+    model.observe_draft(0.003)
+    for _ in range(20):
+        model.observe_acceptance(4, 0)  # the drafter: rejected at once
+        model.observe_acceptance(4, 4, lookup=True)  # retrieval: accepted whole
+    assert model.choose(lookup=True) == 4
+    assert model.choose() == 0
+    assert model.expected_tokens(4, lookup=True) == pytest.approx(5.0, abs=0.02)
+    assert model.expected_tokens(4) == pytest.approx(1.0, abs=0.02)
+
+
+def test_cost_model_probes_one_position_past_the_chosen_k():
+    """A position beyond the chosen k is never reached, so every probe_every passes one more is drafted; when
+    it is accepted the choice moves up."""
+    model = CostModel(k_max=4, probe_every=3)
+    model.observe_verify(1, 0.010)
+    model.observe_verify(5, 0.030)  # long passes are dear: 1 draft is best at this acceptance
+    model.observe_draft(0.001)
+    model.accept[:] = [0.9, 0.3, 0.3, 0.3]
+    picks = [model.choose() for _ in range(8)]
+    assert picks == [1, 1, 1, 2, 1, 1, 1, 2]
+    for _ in range(30):  # the probes find position 2 (and on) accepted
+        model.observe_acceptance(4, 4)
+    assert model.choose() == 4
+
+
 # ---- greedy exactness on the real SmolLM2 ----------------------------------------------------------
 class ScriptedDrafter:
     """Proposes a known continuation with every third token wrong: exercises accepts and rejects."""

@@ -225,7 +225,8 @@ std::vector<int64_t> PromptLookup::propose(int k) const {
 }
 
 // ---- adaptive draft length ---------------------------------------------------------------------------
-CostModel::CostModel(int k_max) : k_max_(k_max), accept_(size_t(k_max), 0.6) {}
+CostModel::CostModel(int k_max)
+    : k_max_(k_max), accept_(size_t(k_max), 0.6), lookup_accept_(size_t(k_max), 0.6) {}
 
 double CostModel::ema(double old, bool has_old, double value) const {
   return has_old ? (1 - decay_) * old + decay_ * value : value;
@@ -241,14 +242,16 @@ void CostModel::observe_draft(double seconds_per_step) {
   has_draft_ = true;
 }
 
-void CostModel::observe_acceptance(int drafted, int accepted) {
-  for (int i = 0; i < std::min(drafted, accepted + 1); ++i) accept_[i] = ema(accept_[i], true, i < accepted ? 1.0 : 0.0);
+void CostModel::observe_acceptance(int drafted, int accepted, bool lookup) {
+  std::vector<double>& rates = lookup ? lookup_accept_ : accept_;
+  for (int i = 0; i < std::min(drafted, accepted + 1); ++i) rates[i] = ema(rates[i], true, i < accepted ? 1.0 : 0.0);
 }
 
-double CostModel::expected_tokens(int k) const {
+double CostModel::expected_tokens(int k, bool lookup) const {
+  const std::vector<double>& rates = lookup ? lookup_accept_ : accept_;
   double total = 1.0, prod = 1.0;
   for (int i = 0; i < k; ++i) {
-    prod *= accept_[i];
+    prod *= rates[i];
     total += prod;
   }
   return total;
@@ -272,19 +275,24 @@ double CostModel::verify_cost(int tokens) const {
   return std::max(verify_s_.at(lo) + slope * (tokens - lo), 1e-9);
 }
 
-int CostModel::choose() {
+int CostModel::choose(bool lookup) {
   if (!verify_s_.count(1)) return 0;  // exploration first: a plain step, then a full burst
-  if (verify_s_.size() < 2 || !has_draft_) return k_max_;
+  if (verify_s_.size() < 2 || (!lookup && !has_draft_)) return k_max_;
   int best = 0;
   double best_rate = -INFINITY;
   for (int k = 0; k <= k_max_; ++k) {
-    const double rate = expected_tokens(k) / (verify_cost(k + 1) + k * draft_s_);
+    const double draft = lookup ? 0.0 : k * draft_s_;  // retrieval's drafts cost nothing to make
+    const double rate = expected_tokens(k, lookup) / (verify_cost(k + 1) + draft);
     if (rate > best_rate) best_rate = rate, best = k;
   }
-  plain_streak_ = best == 0 ? plain_streak_ + 1 : 0;
-  if (plain_streak_ > probe_every_) {  // the drafter may do better on this part of the text
-    plain_streak_ = 0;
-    return std::min(2, k_max_);
+  int& since = since_probe_[lookup ? 1 : 0];
+  if (best == k_max_) {
+    since = 0;
+    return best;
+  }
+  if (++since > probe_every_) {  // re-measure the position past the chosen ones
+    since = 0;
+    return std::min(best ? best + 1 : 2, k_max_);
   }
   return best;
 }
@@ -349,16 +357,18 @@ GenerationResult generate_speculative(Session& session, DrafterBackend& drafter,
   }
   bool go = !on_token || on_token(token);
   while (go && !stop_ids.count(token) && int(tokens.size()) < max_new_tokens) {
-    const int k_now = std::min(model ? model->choose() : options.k, max_new_tokens - int(tokens.size()) - 1);
-    stats.k_chosen.push_back(k_now);
+    const int left = max_new_tokens - int(tokens.size()) - 1;
     const double t0 = now_s();
     std::vector<int64_t> drafts;
     SparseRows draft_probs;
-    if (retrieval)
+    int k_now = 0;
+    if (retrieval) {  // retrieval first, at its own length (CostModel prices the two sources apart)
+      k_now = std::min(model ? model->choose(true) : options.k, left);
       for (int64_t t : retrieval->propose(k_now)) {  // cut after a stop token
         drafts.push_back(t);
         if (stop_ids.count(t)) break;
       }
+    }
     const bool from_lookup = !drafts.empty();
     if (from_lookup) {  // one-hot drafts: q(draft) = 1, so verify's rule keeps the target's distribution
       for (int64_t d : drafts) {
@@ -366,9 +376,11 @@ GenerationResult generate_speculative(Session& session, DrafterBackend& drafter,
         draft_probs.probs.push_back({1.0});
       }
     } else {
+      k_now = std::min(model ? model->choose() : options.k, left);
       drafts = draft(drafter, session, token, hidden, k_now, params, rng, stop_ids,
                      options.adaptive ? options.min_confidence : 0.0, fast_greedy, draft_probs);
     }
+    stats.k_chosen.push_back(k_now);
     const double t1 = now_s();
     std::vector<int64_t> pass = {token};
     pass.insert(pass.end(), drafts.begin(), drafts.end());
@@ -400,10 +412,8 @@ GenerationResult generate_speculative(Session& session, DrafterBackend& drafter,
     }
     if (model) {
       model->observe_verify(1 + int(drafts.size()), t2 - t1);
-      if (!drafts.empty() && !from_lookup) {  // the cost model prices the MTP drafter; lookups cost nothing
-        model->observe_draft((t1 - t0) / double(drafts.size()));
-        model->observe_acceptance(int(drafts.size()), n);
-      }
+      if (!drafts.empty() && !from_lookup) model->observe_draft((t1 - t0) / double(drafts.size()));
+      if (!drafts.empty()) model->observe_acceptance(int(drafts.size()), n, from_lookup);
     }
     const size_t emitted = tokens.size();
     std::vector<int64_t> accepted(drafts.begin(), drafts.begin() + n);

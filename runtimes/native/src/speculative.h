@@ -89,16 +89,17 @@ class PromptLookup {
   std::map<int, int64_t> earlier_;  // n -> start of the suffix n-gram's latest earlier occurrence (-1: none)
 };
 
-// The adaptive draft length's cost model (edge_spec.decoding.speculative.CostModel).
+// The adaptive draft length's cost model (edge_spec.decoding.speculative.CostModel): the MTP drafter and retrieval
+// (`lookup`) are priced apart, and a source below k_max drafts one position more every probe_every passes.
 class CostModel {
  public:
   explicit CostModel(int k_max);
   void observe_verify(int tokens, double seconds);
   void observe_draft(double seconds_per_step);
-  void observe_acceptance(int drafted, int accepted);
-  double expected_tokens(int k) const;
+  void observe_acceptance(int drafted, int accepted, bool lookup = false);
+  double expected_tokens(int k, bool lookup = false) const;
   double verify_cost(int tokens) const;
-  int choose();
+  int choose(bool lookup = false);
 
  private:
   double ema(double old, bool has_old, double value) const;
@@ -108,8 +109,9 @@ class CostModel {
   std::map<int, double> verify_s_;
   double draft_s_ = 0.0;
   bool has_draft_ = false;
-  std::vector<double> accept_;
-  int plain_streak_ = 0;
+  std::vector<double> accept_;         // [k_max] the MTP drafter's acceptance at each position, given it is reached
+  std::vector<double> lookup_accept_;  // [k_max] retrieval's
+  int since_probe_[2] = {0, 0};        // passes since a probe, per source (0: drafter, 1: retrieval)
 };
 
 }  // namespace es
