@@ -62,8 +62,61 @@ def reducesum(proto):
     _prune(g)
 
 
-def zeropoints(proto):
-    """MatMulNBits + offsets -> MatMulNBits with uint8 zero points (weights requantized: RTN over [min(lo,0), max(hi,0)])."""
+def rtn(w, bits):
+    """genai's form: round to nearest over [min(lo, 0), max(hi, 0)] per block -> (codes, scales, zero points)."""
+    levels = 2 ** bits - 1
+    lo = np.minimum(w.min(-1), 0); hi = np.maximum(w.max(-1), 0)
+    sc = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
+    zp = np.clip(np.rint(-lo / sc), 0, levels)
+    return np.clip(np.rint(w / sc[..., None]) + zp[..., None], 0, levels), sc, zp
+
+
+def _q4_1(w, bits):
+    """A Q4_1-shaped block w = lo + d * q back as (lo, d, q) (exact for the bundle's own int4 weights)."""
+    levels = 2 ** bits - 1
+    lo, hi = w.min(-1), w.max(-1)
+    d = np.where(hi > lo, (hi - lo) / levels, 1.0)
+    return lo, d, np.clip(np.rint((w - lo[..., None]) / d[..., None]), 0, levels)
+
+
+def shift(w, bits):
+    """Keep the codes and the scale, round the block's offset to an integer zero point: every weight of a block moves
+    by the same amount (<= d / 2)."""
+    levels = 2 ** bits - 1
+    lo, d, q = _q4_1(w, bits)
+    zp = np.clip(np.rint(-lo / d), 0, levels)
+    return q, d.astype(np.float32), zp
+
+
+def align(w, bits):
+    """Keep the block minimum exact: zero point z = round(-lo / d), scale d' = -lo / z, codes re-rounded on that grid
+    (most codes map to themselves; the block max moves by <= d' / 2). Blocks with lo >= 0: rtn."""
+    levels = 2 ** bits - 1
+    lo, d, _ = _q4_1(w, bits)
+    neg = lo < 0
+    zp = np.clip(np.rint(-lo / d), 1, levels)
+    d2 = np.where(neg, -lo / zp, 1.0)
+    codes = np.clip(np.rint((w - lo[..., None]) / d2[..., None]), 0, levels)
+    fallback = rtn(w, bits)
+    return (np.where(neg[..., None], codes, fallback[0]), np.where(neg, d2, fallback[1]).astype(np.float32),
+            np.where(neg, zp, fallback[2]))
+
+
+def best(w, bits):
+    """Per block, whichever of rtn / shift / align has the smallest squared error."""
+    outs = [f(w, bits) for f in (rtn, shift, align)]
+    errs = np.stack([(((c - z[..., None]) * s[..., None] - w) ** 2).sum(-1) for c, s, z in outs])  # [3, N, kb]
+    pick = errs.argmin(0)
+    codes = np.choose(pick[..., None], [c for c, _, _ in outs])
+    return codes, np.choose(pick, [s for _, s, _ in outs]).astype(np.float32), np.choose(pick, [z for _, _, z in outs])
+
+
+def zeropoints(proto, requant=rtn, head=None, vocab=49152):
+    """MatMulNBits + offsets -> MatMulNBits with uint8 zero points, the weights re-quantized by `requant` (4-bit
+    projections; the 8-bit head too unless `head` says otherwise: `head="sym"` gives it symhead's exact form,
+    `head=4` re-quantizes it to 4 bits, as genai's int4 head)."""
+    if head == "sym":
+        symhead(proto)
     g = proto.graph
     inits = {t.name: t for t in g.initializer}
     prod = {o: n for n in g.node for o in n.output}
@@ -76,23 +129,24 @@ def zeropoints(proto):
             continue
         a = {x.name: x for x in n.attribute}
         bits, K, N, B = a["bits"].i, a["K"].i, a["N"].i, a["block_size"].i
+        adds = [c for c in cons[n.output[0]] if c.op_type == "Add"]
+        if not adds:
+            continue  # already without an offset term (symhead)
         packed = numpy_helper.to_array(inits[n.input[1]]); scales = numpy_helper.to_array(inits[n.input[2]]).reshape(N, -1)
         kb = scales.shape[1]
         if bits == 4:
             q = np.stack([packed & 15, packed >> 4], -1).reshape(N, kb, B).astype(np.float32)
         else:
             q = packed.reshape(N, kb, B).astype(np.float32)
-        add = next(c for c in cons[n.output[0]] if c.op_type == "Add")
+        zero = 2 ** (bits - 1)
+        if head == 4 and N == vocab:
+            bits = a["bits"].i = 4
+        add = adds[0]
         off_mm = prod[[i for i in add.input if i != n.output[0]][0]]
         offsets = numpy_helper.to_array(inits[off_mm.input[1]])  # [kb, N]
-        zero = 2 ** (bits - 1)
-        w = (q - zero) * scales[..., None] + offsets.T[..., None]  # [N, kb, B]
-        levels = 2 ** bits - 1
-        lo = np.minimum(w.min(-1), 0); hi = np.maximum(w.max(-1), 0)
-        sc = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
-        zp = np.clip(np.rint(-lo / sc), 0, levels)
-        qq = np.clip(np.rint(w / sc[..., None]) + zp[..., None], 0, levels).astype(np.uint8)
-        zp = zp.astype(np.uint8)
+        w = ((q - zero) * scales[..., None] + offsets.T[..., None]).astype(np.float64)  # [N, kb, B]
+        qq, sc, zp = requant(w, bits)
+        qq = qq.astype(np.uint8); zp = zp.astype(np.uint8); sc = sc.astype(np.float32)
         if bits == 4:
             qq = qq[..., 0::2] | (qq[..., 1::2] << 4)
             if kb % 2: zp = np.concatenate([zp, np.zeros((N, 1), np.uint8)], 1)
@@ -112,7 +166,6 @@ def zeropoints(proto):
             n.output[0] = inv[n.output[0]]
     del g.node[:]; g.node.extend(nodes)
     _prune(g)
-
 
 
 def symhead(proto, vocab=49152):
@@ -146,7 +199,10 @@ def symhead(proto, vocab=49152):
     _prune(g)
 
 
-VARIANTS = {"reducesum": reducesum, "zeropoints": zeropoints, "symhead": symhead}
+VARIANTS = {"reducesum": reducesum, "zeropoints": zeropoints, "symhead": symhead,
+            "zp-shift": lambda p: zeropoints(p, shift, head="sym"), "zp-align": lambda p: zeropoints(p, align, head="sym"),
+            "zp-best": lambda p: zeropoints(p, best, head="sym"), "zp-best-head4": lambda p: zeropoints(p, best, head=4),
+            "zp-rtn-head4": lambda p: zeropoints(p, rtn, head=4), "zp-rtn-symhead": lambda p: zeropoints(p, rtn, head="sym")}
 
 
 def main() -> None:
