@@ -102,10 +102,15 @@ class Engine:
     def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
         return self.tokenizer.encode_prompt(prompt, chat=chat)
 
+    @property
+    def default_spec_k(self) -> int:
+        """DEFAULT_SPEC_K, or a bundle's max draft length when that is smaller (an export with --max-draft-len 2)."""
+        return min(DEFAULT_SPEC_K, self.max_draft_len or DEFAULT_SPEC_K)
+
     def generate(self, prompt: str | list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, chat: bool = False,
                  stream: Callable[[str], None] | None = None, speculative: bool | None = None,
-                 spec_k: int = DEFAULT_SPEC_K, adaptive: bool = False,
+                 spec_k: int | None = None, adaptive: bool = False,
                  min_confidence: float = DEFAULT_MIN_CONFIDENCE, allow_inexact: bool = False,
                  lookup: bool = True) -> GenerationResult:
         """Generate from a text prompt (or token ids). `stream` receives text deltas as they decode.
@@ -114,8 +119,10 @@ class Engine:
         it off); the output distribution is the target's either way (greedy: identical tokens). Where the host
         check found this host's kernels not batch-invariant, speculative decoding is replaced by plain decoding
         and `result.extra["notice"]` says so (`allow_inexact=True` runs it anyway: benchmarks that report
-        per-prompt exactness). `lookup`: retrieval drafting first (edge_spec.decoding.lookup), the MTP drafter otherwise."""
+        per-prompt exactness). `lookup`: retrieval drafting first (edge_spec.decoding.lookup), the MTP drafter otherwise.
+        `spec_k` (None: `default_spec_k`): drafts per pass, the most with `adaptive`."""
         params = SamplingParams(temperature, top_k, top_p)  # validates before any work
+        spec_k = self.default_spec_k if spec_k is None else spec_k
         ids = list(prompt) if isinstance(prompt, list) else self.encode(prompt, chat=chat)
         check_request(ids, max_new_tokens, self.max_context)
         rng = np.random.default_rng(seed)

@@ -25,7 +25,9 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None,
                    help="'builtin' or a drafter folder: enables speculative decoding (default: none, plain decoding)")
-    p.add_argument("--spec-k", type=int, default=4, help="draft tokens per target pass (the maximum with --adaptive)")
+    p.add_argument("--spec-k", type=int, default=None,
+                   help="draft tokens per target pass, the maximum with --adaptive (default 4, or a bundle's "
+                        "--max-draft-len when smaller)")
     p.add_argument("--adaptive", action="store_true", default=True,
                    help="(default) choose k <= --spec-k per pass from costs measured at run time (k = 0, plain, "
                         "when that is faster); stop drafting at low confidence")
@@ -259,10 +261,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    spec_k = engine.default_spec_k if args.spec_k is None else args.spec_k
     result = engine.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=args.chat,
                              stream=None if args.quiet else stream, speculative=False if args.no_spec else None,
-                             spec_k=args.spec_k, adaptive=args.adaptive, min_confidence=args.min_confidence,
+                             spec_k=spec_k, adaptive=args.adaptive, min_confidence=args.min_confidence,
                              lookup=args.lookup)
     if args.quiet:
         sys.stdout.write(result.text)
@@ -271,7 +274,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if "notice" in result.extra:
         print(f"notice: {result.extra['notice']}", file=sys.stderr)
     if "spec" in result.extra:
-        print(f"[spec k={args.spec_k}{' adaptive' if args.adaptive else ''}] {result.extra['spec'].summary()}",
+        print(f"[spec k={spec_k}{' adaptive' if args.adaptive else ''}] {result.extra['spec'].summary()}",
               file=sys.stderr)
         if engine.exactness is not None:
             print(f"[{engine.exactness.summary()}]", file=sys.stderr)

@@ -48,7 +48,7 @@ from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.contract.manifest import GraphEntry
 from edge_spec.model.attention import attend_slots
 from edge_spec.model.forms import Slots, State
-from edge_spec.model.ops import SPELLED_GELU
+from edge_spec.model.ops import PACKED_SPELLED_GELU, SPELLED_GELU, pack_modules
 from edge_spec.model.transformer import Transformer
 
 PTE_DIR = "executorch"
@@ -84,6 +84,7 @@ class Program(nn.Module):
             raise ConfigError("the sdpa attention form supports full-attention targets only (custom_sdpa masks the "
                               "whole cache, which the runtime's bucketed masks do not cover)", "use attention='slots'")
         self.target, self.drafter, self.layout, self.attention = target, drafter, layout, attention
+        self.ops = SPELLED_GELU  # `_quantized_copy` packs sibling projections and switches to PACKED_SPELLED_GELU
         self.kinds = layout.kinds()
         self.ring = layout.slots(kv.SLIDING) if kv.SLIDING in self.kinds else None  # rings: position % slots
         self.sources = kv.source_caches(layout, sources or {})
@@ -140,7 +141,7 @@ class Program(nn.Module):
             return out.reshape(1, t, -1)  # [1, T, H * D]
 
         out = self.target(input_ids, position_ids, dict(zip(self.kinds, masks)), [], [],
-                          form=State(attend, Slots(self.ring)), ops=SPELLED_GELU)
+                          form=State(attend, Slots(self.ring)), ops=self.ops)
         return out.logits, out.hidden
 
     def drafter_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
@@ -313,10 +314,14 @@ def _write(job: bundle.ExportJob, *, attention: str) -> tuple[dict, dict]:
 
 
 def _quantized_copy(program: Program) -> Program:
-    """A deep copy with every Linear quantized (the caller's models stay fp32)."""
+    """A deep copy with every Linear quantized (the caller's models stay fp32). The target's sibling projections of
+    one input (q/k/v, gate/up) are packed into one Linear first (`pack_modules`): per layer XNNPACK then runs 4 int4
+    GEMMs and 4 block-offset terms instead of 7 and 7 (docs/benchmarks.md, "ExecuTorch 8da4w profile")."""
     import copy
 
     clone = copy.deepcopy(program)
+    if pack_modules(clone.target):
+        clone.ops = PACKED_SPELLED_GELU
     quantize_8da4w(clone.target, head="lm_head")
     if clone.drafter is not None:
         quantize_8da4w(clone.drafter, skip=("lm_head", "masked_embedding.centroids"))  # tables / 1-D inputs

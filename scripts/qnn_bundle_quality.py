@@ -1,4 +1,4 @@
-"""A QNN bundle of SmolLM2 against eager fp32 (and the simulated HTP against the CPU provider), on the chat prompt
+"""A QNN bundle of SmolLM2 (or --model gemma3-270m) against eager fp32 (and the simulated HTP against the CPU provider), on the chat prompt
 "What is the capital of France?"; one JSON line per measurement, errors relative to the logits' scale.
 
     .venv/bin/python scripts/qnn_bundle_quality.py BUNDLE                  # CPU QDQ vs eager, teacher-forced
@@ -52,9 +52,10 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 3, 5, 9])
     parser.add_argument("--answers", action="store_true")
     parser.add_argument("--htp", type=int, nargs=2, metavar=("T", "N"))
+    parser.add_argument("--model", default="smollm2-135m", help="the bundle's target, as eager's oracle")
     args = parser.parse_args()
     cpu = load_bundle(args.bundle, provider="cpu", host_check=False)
-    target = checkpoints.load("smollm2-135m")
+    target = checkpoints.load(args.model)
     chunk = cpu.session.state.layout.max_pass  # eager's passes too: the bundle's rings are sized for it
 
     def eager() -> Session:

@@ -246,6 +246,8 @@ def test_fp16_and_compressed_logits_within_bound(llama, tmp_path, precision, bou
     engine.session.reset()
     plain = engine.generate(ids[:8], max_new_tokens=16, speculative=False)
     assert engine.generate(ids[:8], max_new_tokens=16, spec_k=2, lookup=False).tokens == plain.tokens
+    assert engine.default_spec_k == 2  # no spec_k: the bundle's max draft length, not 4 (which it refuses)
+    assert engine.generate(ids[:8], max_new_tokens=16, lookup=False).tokens == plain.tokens
 
 
 # ---- errors ---------------------------------------------------------------------------------------------

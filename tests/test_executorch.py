@@ -150,3 +150,33 @@ def test_e2b_sized_drafter_exports_and_matches_eager(e2b_pair, tmp_path, fmt):
     print(f"\nE2B-sized drafter + shallow target -> {fmt} fp32: export {export_s:.0f} s, bundle {size:.0f} MB, drafter "
           f"step {(time.perf_counter() - start) / 3 * 1000:.1f} ms, peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
+def test_packed_sibling_projections_compute_what_the_separate_ones_do(llama, gemma):
+    """8da4w packs q/k/v and gate/up into one Linear each (`pack_modules`, read through PackedModuleOps): on a copy,
+    the originals removed, the packed module's outputs are the separate projections' concatenation; gemma keeps its
+    q/k/v (norms between projection and rotation) and packs gate/up; the caller's model is untouched."""
+    import copy
+
+    import torch
+
+    from edge_spec.model.ops import PACKED_SPELLED_GELU, SPELLED_GELU, pack_modules, project
+
+    for (_, target, _), packs_qkv in ((llama, True), (gemma, False)):
+        model = target.model
+        clone = copy.deepcopy(model)
+        layers = len(model.model.layers)
+        assert pack_modules(clone) == layers * (2 if packs_qkv else 1)
+        x = torch.randn(1, 3, model.cfg.hidden_size)
+        for block, packed in zip(model.model.layers, clone.model.layers):
+            assert hasattr(block.self_attn, "q_proj") and hasattr(block.mlp, "gate_proj")  # the original stays
+            assert not hasattr(packed.mlp, "gate_proj")
+            torch.testing.assert_close(packed.mlp(x, PACKED_SPELLED_GELU), block.mlp(x, SPELLED_GELU),
+                                       rtol=0, atol=1e-6)
+            qkv = PACKED_SPELLED_GELU.qkv(packed.self_attn)
+            if not packs_qkv:
+                assert qkv is None
+                continue
+            attn = block.self_attn
+            want = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
+            torch.testing.assert_close(project(qkv, x), want, rtol=0, atol=1e-6)

@@ -21,6 +21,12 @@ def packed_linear(*layers: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None
     return weight, bias
 
 
+def project(packed, x: torch.Tensor) -> torch.Tensor:
+    """x [.., K] through what `Ops.qkv` / `Ops.gate_up` returned: a packed (weight, bias) or a module (a packed
+    Linear an exporter quantized as a module, `PackedModuleOps`) -> [.., sum N]."""
+    return packed(x) if isinstance(packed, nn.Module) else F.linear(x, *packed)
+
+
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation (Gemma's activation)."""
     return F.gelu(x, approximate="tanh")
@@ -54,8 +60,9 @@ class Ops:
         """x: [1, N, T, D] (heads first) -> rotated, same shape."""
         return apply_rope(x, rope.cos.transpose(1, 2), rope.sin.transpose(1, 2))
 
-    def qkv(self, attn: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Packed (weight, bias) of the layer's q/k/v projections, or None: three projections."""
+    def qkv(self, attn: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | nn.Module | None:
+        """Packed (weight, bias) of the layer's q/k/v projections (or a module computing them), or None: three
+        projections."""
         return None
 
     def fused_attention(self, attn: nn.Module, qkv: torch.Tensor, rope, i: int | None, caches: tuple):
@@ -65,8 +72,9 @@ class Ops:
         the T new rows written at slot == position (the `shared` KV binding))."""
         return None
 
-    def gate_up(self, mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Packed (weight, bias) of the MLP's gate/up projections, or None: two projections."""
+    def gate_up(self, mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | nn.Module | None:
+        """Packed (weight, bias) of the MLP's gate/up projections (or a module computing them), or None: two
+        projections."""
         return None
 
     def skip_norm(self, x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module):
@@ -77,5 +85,46 @@ class Ops:
         return norm(s), s
 
 
+PACKED_QKV, PACKED_GATE_UP = "packed_qkv", "packed_gate_up"  # the packed Linears' names on a layer (`pack_modules`)
+
+
+class PackedModuleOps(Ops):
+    """Sibling projections as the one packed nn.Linear `pack_modules` put on the layer, looked up at call time, so
+    an exporter can quantize it as a module (ExecuTorch's 8da4w: one int4 GEMM and one block-offset term per input
+    instead of three / two)."""
+
+    def qkv(self, attn):
+        return getattr(attn, PACKED_QKV, None)
+
+    def gate_up(self, mlp):
+        return getattr(mlp, PACKED_GATE_UP, None)
+
+
+def pack_modules(model: nn.Module) -> int:
+    """In place on a model copy: each llama attention's q/k/v and each MLP's gate/up Linears -> one packed nn.Linear
+    (`packed_linear`'s weight), the originals removed; what `PackedModuleOps` reads. Gemma attention (q/k norms
+    between projection and rotation) and layers reusing another's KV keep theirs. Returns the packs made."""
+    count = 0
+    for block in model.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        pairs = []
+        if not attn.gemma and not attn.reuses_kv and attn.v_proj is not None:
+            pairs.append((attn, PACKED_QKV, ("q_proj", "k_proj", "v_proj")))
+        if all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj")):
+            pairs.append((mlp, PACKED_GATE_UP, ("gate_proj", "up_proj")))
+        for owner, name, parts in pairs:
+            weight, bias = packed_linear(*(getattr(owner, n) for n in parts))
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+            linear.weight = nn.Parameter(weight, requires_grad=False)
+            if bias is not None:
+                linear.bias = nn.Parameter(bias, requires_grad=False)
+            setattr(owner, name, linear)
+            for n in parts:
+                delattr(owner, n)
+            count += 1
+    return count
+
+
 EAGER = Ops()
 SPELLED_GELU = Ops(spelled_gelu=True)
+PACKED_SPELLED_GELU = PackedModuleOps(spelled_gelu=True)

@@ -15,7 +15,7 @@ from torch import nn
 
 from edge_spec.model.config import GEMMA4, GEMMA_FAMILIES, REUSE, STORE, ModelConfig
 from edge_spec.model.forms import SPLIT, Form, Pass
-from edge_spec.model.ops import EAGER, Ops
+from edge_spec.model.ops import EAGER, Ops, project
 
 
 class ModelOutput(NamedTuple):
@@ -77,7 +77,7 @@ class Attention(nn.Module):
         d = self.head_dim
         packed = ops.qkv(self)
         if packed is not None:  # one projection, heads split once, k and v come out head-major
-            qkv = F.linear(x, *packed)  # [1, T, (H + 2 H_kv) * D]
+            qkv = project(packed, x)  # [1, T, (H + 2 H_kv) * D]
             fused = ops.fused_attention(self, qkv, rope, i, caches)
             if fused is not None:  # a runtime kernel that rotates, attends and writes the caches (Ops.fused_attention)
                 return self.o_proj(fused[0]), fused[1]
@@ -115,7 +115,7 @@ class MLP(nn.Module):
     def forward(self, x, ops: Ops = EAGER):
         packed = ops.gate_up(self)
         if packed is not None:
-            g, u = F.linear(x, *packed).split(self.down_proj.in_features, dim=-1)
+            g, u = project(packed, x).chunk(2, dim=-1)  # gate and up: the same width
         else:
             g, u = self.gate_proj(x), self.up_proj(x)
         g = F.silu(g) if self.act == "silu" else ops.gelu(g)
