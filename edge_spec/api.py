@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -22,10 +24,12 @@ from edge_spec.errors import BundleError, CheckpointError, ConfigError
 from edge_spec.contract.formats import (EAGER_RUNTIME, RUN, check_options, check_runtime, format_of_runtime,
                                         get_format, runtime_for)
 from edge_spec.loading.gguf_import import cache_root
+from edge_spec.logs import NOTICES
 from edge_spec.decoding.generate import GenerationResult, check_request, generate_plain
 from edge_spec.decoding.hostcheck import HostCheck, checked
 from edge_spec.contract.kv import KVLayout
 from edge_spec.contract.manifest import Manifest, content_id, read_manifest
+from edge_spec.contract.manifest_check import check_memory
 from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import check_spec_args, generate_speculative
 from edge_spec.loading.tokenizer import StreamDecoder, Tokenizer
@@ -38,6 +42,37 @@ BUILTIN_DRAFTERS = Path(__file__).parent / "assets" / "drafters"
 # 14.8 tok/s on an idle 2-core machine but 1.4 with another process on one core (OpenMP threads wait on each other),
 # 1 thread gave 16.3 in the same contended state (measured 2026-12-01, AMD EPYC)
 DEFAULT_TORCH_THREADS = 1
+
+
+def check_threads(threads: int | None) -> int | None:
+    """None (the runtime's default), or a thread count >= 1 capped at this machine's cores with a notice: more
+    threads than cores only make the decode's threads wait on each other (10,000 would start 10,000)."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads must be an integer >= 1, got {threads!r}",
+                          "pass --threads 1 up to this machine's core count, or leave it out for the runtime's default")
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        logging.getLogger(NOTICES).warning(f"notice: --threads {threads} is more than this machine's {cores} "
+                                               f"cores; using {cores}")
+        return cores
+    return threads
+
+
+def check_ids(ids: list, vocab_size: int) -> list[int]:
+    """Token ids as given to `generate`: each an integer in [0, vocab_size) (a negative one would wrap through the
+    embedding lookup, a larger one fail inside the runtime)."""
+    for i, t in enumerate(ids):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab_size:
+            raise ConfigError(f"prompt token {i} is {t!r}, not a token id of this model (0 to {vocab_size - 1})",
+                              "pass ids from this model's tokenizer (engine.encode(text)), or the prompt as text")
+    return [int(t) for t in ids]
+
+
+def check_seed(seed: int | None) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}", "pass --seed 0 or a larger integer")
 
 
 def resolve_drafter(drafter: str, model: str) -> Path:
@@ -110,7 +145,7 @@ class Engine:
     def generate(self, prompt: str | list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, chat: bool = False,
                  stream: Callable[[str], None] | None = None, speculative: bool | None = None,
-                 spec_k: int | None = None, adaptive: bool = False,
+                 spec_k: int | None = None, adaptive: bool = True,
                  min_confidence: float = DEFAULT_MIN_CONFIDENCE, allow_inexact: bool = False,
                  lookup: bool = True) -> GenerationResult:
         """Generate from a text prompt (or token ids). `stream` receives text deltas as they decode.
@@ -120,10 +155,18 @@ class Engine:
         check found this host's kernels not batch-invariant, speculative decoding is replaced by plain decoding
         and `result.extra["notice"]` says so (`allow_inexact=True` runs it anyway: benchmarks that report
         per-prompt exactness). `lookup`: retrieval drafting first (edge_spec.decoding.lookup), the MTP drafter otherwise.
-        `spec_k` (None: `default_spec_k`): drafts per pass, the most with `adaptive`."""
+        `spec_k` (None: `default_spec_k`): drafts per pass, the most with `adaptive` (the default, as in the CLI and
+        the C API: k chosen per pass from measured costs; False drafts exactly `spec_k` every pass)."""
         params = SamplingParams(temperature, top_k, top_p)  # validates before any work
+        check_seed(seed)
         spec_k = self.default_spec_k if spec_k is None else spec_k
-        ids = list(prompt) if isinstance(prompt, list) else self.encode(prompt, chat=chat)
+        if isinstance(prompt, (list, tuple, np.ndarray)):
+            ids = check_ids(list(prompt), self.vocab_size)
+        elif isinstance(prompt, str):
+            ids = self.encode(prompt, chat=chat)
+        else:
+            raise ConfigError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}",
+                              "pass a str, or a list of ints from engine.encode(text)")
         check_request(ids, max_new_tokens, self.max_context)
         rng = np.random.default_rng(seed)
         on_token = None
@@ -166,7 +209,7 @@ def _torch_engine(loaded: LoadedModel, drafter: Drafter | None, layout: KVLayout
                   prefill_chunk: int = 128, host_check: bool = True, **extra) -> Engine:
     from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 
-    backend = TorchBackend(loaded.model, layout, threads=threads or DEFAULT_TORCH_THREADS)
+    backend = TorchBackend(loaded.model, layout, threads=check_threads(threads) or DEFAULT_TORCH_THREADS)
     runner = TorchDrafter(drafter, backend, pair(loaded.model, drafter)) if drafter is not None else None
     engine = Engine(session=Session(backend, prefill_chunk=prefill_chunk), tokenizer=loaded.tokenizer,
                     stop_ids=loaded.stop_ids, vocab_size=loaded.config.vocab_size, drafter=runner, runtime=EAGER_RUNTIME,
@@ -200,7 +243,11 @@ def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: st
     drafter_module = load_drafter(resolve_drafter(drafter, model)) if drafter else None
     loaded = load_checkpoint(model)
     max_context = max_context or min(DEFAULT_MAX_CONTEXT, loaded.config.max_position_embeddings)
-    return _torch_engine(loaded, drafter_module, kv_layout(loaded.config, max_context), threads, host_check=host_check)
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
+        raise ConfigError(f"max_context must be an integer >= 2, got {max_context!r}", "pass --max-context 2048, say")
+    layout = kv_layout(loaded.config, max_context)
+    check_memory(layout, Path(model))
+    return _torch_engine(loaded, drafter_module, layout, threads, host_check=host_check)
 
 
 def _bundle_layout(manifest: Manifest, max_context: int | None) -> KVLayout:
@@ -244,7 +291,8 @@ def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int 
     if runtime != fmt.runtime:
         raise BundleError(f"{folder}: the {runtime} runtime does not run {manifest.format!r} bundles",
                           f"use --runtime {fmt.runtime} (or torch), or export with the format {runtime} runs")
-    backend, runner = runtime_for(manifest.format).open_bundle(folder, manifest, layout, threads=threads, spin=spin,
+    check_memory(layout, folder)
+    backend, runner = runtime_for(manifest.format).open_bundle(folder, manifest, layout, threads=check_threads(threads), spin=spin,
                                                                **options)
     engine = Engine(session=Session(backend), tokenizer=Tokenizer(folder), stop_ids=frozenset(manifest.eos_token_ids),
                     vocab_size=manifest.vocab_size, drafter=runner, runtime=runtime, **extra)

@@ -186,6 +186,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from edge_spec.api import default_drafter, resolve_drafter
+    from edge_spec.contract.atomic import check_out
     from edge_spec.contract.bundle import export_bundle
     from edge_spec.contract.formats import check_binding, check_options, check_precision, exporter, get_format
     from edge_spec.loading.checkpoints import load as load_checkpoint
@@ -197,6 +198,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.kv is not None:
         check_binding(fmt, args.kv)
     options = check_options(fmt, cli_options.given_options(args, EXPORT), EXPORT)
+    check_out(args.out)  # a bad --out fails now, not after the export's minutes (the write checks again)
     module = exporter(args.format)
     choice = default_drafter(args.model) if args.drafter is None else args.drafter
     choice = None if choice == "none" else choice
@@ -244,11 +246,12 @@ def read_prompt(arg: str, stdin=None) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from edge_spec.api import load
+    from edge_spec.api import check_seed, load
     from edge_spec.errors import ConfigError
     from edge_spec.decoding.sampling import SamplingParams
 
     SamplingParams(args.temperature, args.top_k, args.top_p)  # fail on bad values before loading a model
+    check_seed(args.seed)
     if args.bundle is not None and (args.model is not None or args.drafter is not None):
         raise ConfigError("--bundle cannot be combined with --model or --drafter (a bundle brings its own)",
                           "drop --model/--drafter, or drop --bundle to run a checkpoint")
@@ -290,7 +293,10 @@ def _commands() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from edge_spec.logs import show_notices
+
     args = build_parser().parse_args(argv)
+    show_notices()
     if args.command == "train-drafter":  # long batch work on a shared machine: idle OpenMP threads must
         import os                         # sleep, not spin (spinning collapses throughput under contention)
 
@@ -303,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `edge-spec generate ... | head -c1`: the reader left; stop quietly, as the native runner
+        import os            # does (and point stdout at /dev/null so the interpreter's final flush cannot fail again)
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
 
 if __name__ == "__main__":

@@ -22,3 +22,23 @@ def quiet(*names: str, level: int = logging.ERROR):
     finally:
         for log, old in zip(loggers, before):
             log.setLevel(old)
+
+
+NOTICES = "edge_spec"  # the logger whose warnings are notices to the user (a capped --threads, ...)
+
+
+class _Stderr(logging.Handler):
+    """Writes each record's message to the current sys.stderr (looked up per record, so redirections apply)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        import sys
+
+        print(record.getMessage(), file=sys.stderr)
+
+
+def show_notices() -> None:
+    """The CLI: print edge-spec's notices on stderr as they are (`notice: ...`), once however often it is called.
+    A program using the Python API sees them through its own logging setup (or Python's last-resort handler)."""
+    log = logging.getLogger(NOTICES)
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        log.addHandler(_Stderr(logging.WARNING))

@@ -26,7 +26,8 @@ REAL_FIXTURES = frozenset({
 # share the session's tiny .pte
 SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_native.py": "tiny-pte", "test_native_ort.py": "tiny-pte",
                  "test_native_qnn.py": "tiny-pte", "test_android_bridge.py": "tiny-pte",
-                 "test_bench_native.py": "tiny-pte", "test_native_coreml.py": "tiny-pte"}
+                 "test_bench_native.py": "tiny-pte", "test_native_coreml.py": "tiny-pte",
+                 "test_native_hardening.py": "tiny-pte"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which turns the group marks into scopes

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.prereq import skip_or_fail
+
 from edge_spec.api import load_bundle
 from tests.parity import prompt_ids
 
@@ -35,7 +37,7 @@ def android_host():
     if not kotlinc.exists() and shutil.which("npm") is None:
         missing.append("npm (for kotlin-compiler)")
     if missing:
-        pytest.skip(f"{', '.join(missing)} not found: the Android bridge cannot be built on this host "
+        skip_or_fail(f"{', '.join(missing)} not found: the Android bridge cannot be built on this host "
                     "(apt-get install cmake g++ openjdk-17-jdk-headless npm)")
     done = subprocess.run(["bash", str(ROOT / "android_demo" / "host" / "build_host.sh")], capture_output=True,
                           text=True, env={**os.environ, "JOBS": "2"})

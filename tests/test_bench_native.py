@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from tests.prereq import skip_or_fail
+
 from edge_spec.cli import main
 from tests.test_native import native  # noqa: F401 (the build fixture)
 
@@ -31,7 +33,7 @@ def _bench(native, bundle, prompts, out, *extra):  # noqa: F811
                  str(out / "b.md"), *extra])
 
 
-def _check_rows(rows, runtime, verdict):
+def _check_rows(rows, runtime, check):
     assert [r["k"] for r in rows] == [1, 3, "adaptive"]
     for r in rows:
         assert r["runtime"] == runtime and r["precision"] == "fp32" and r["prompts"] == 2 and r["temperature"] == 0
@@ -44,18 +46,19 @@ def _check_rows(rows, runtime, verdict):
             assert split["drafter"] + split["target"] + split["overhead"] == pytest.approx(1.0)
             assert split["target"] > 0
         assert r["time_split"]["plain"]["drafter"] == 0.0
-        assert r["host_check"]["verdict"] == verdict and r["min_rows"] == r["host_check"]["min_rows"]
+        # the bench's rows against the runner's own `--check`, run apart (not the row against itself)
+        assert r["host_check"]["verdict"] == check["verdict"] and r["min_rows"] == check["min_rows"]
         assert r["peak_rss_mb"] > 1 and r["notice"] is None
     assert rows[2]["mean_k"] is not None and rows[0]["mean_k"] == 1.0
 
 
-def _verdict(native, bundle):  # noqa: F811
+def _check(native, bundle):  # noqa: F811
     import subprocess
 
     done = subprocess.run([str(native / "edge-spec-run"), "--bundle", str(bundle), "--check", "--threads", "1"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)["verdict"]
+    return json.loads(done.stdout)
 
 
 def test_bench_native_pte_writes_json_markdown_plot(native, tiny_llama_pte, prompts, tmp_path, capsys):  # noqa: F811
@@ -63,7 +66,7 @@ def test_bench_native_pte_writes_json_markdown_plot(native, tiny_llama_pte, prom
     assert _bench(native, tiny_llama_pte, prompts, out, "--plot", str(out / "b.png")) == 0
     stdout = capsys.readouterr().out
     rows = json.loads((out / "b.json").read_text())
-    _check_rows(rows, "native-executorch", _verdict(native, tiny_llama_pte))
+    _check_rows(rows, "native-executorch", _check(native, tiny_llama_pte))
     assert (out / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "b.md").read_text()
     assert md.startswith("`edge-spec ")  # the command line (sys.argv: pytest's here)
@@ -75,7 +78,7 @@ def test_bench_native_pte_writes_json_markdown_plot(native, tiny_llama_pte, prom
 def test_bench_native_onnx(native, tiny_llama, prompts, tmp_path, capsys):  # noqa: F811
     built = (native / "formats.txt").read_text().split()
     if "onnx" not in built:
-        pytest.skip(f"{native} was built without the onnx backend ({' '.join(built)}); fix: apt-get install npm, "
+        skip_or_fail(f"{native} was built without the onnx backend ({' '.join(built)}); fix: apt-get install npm, "
                     "then make native")
     from edge_spec.exporters.onnx import export_bundle
 
@@ -87,7 +90,7 @@ def test_bench_native_onnx(native, tiny_llama, prompts, tmp_path, capsys):  # no
                            max_context=96)
     out = tmp_path / "out"
     assert _bench(native, bundle, prompts, out) == 0
-    _check_rows(json.loads((out / "b.json").read_text()), "native-onnx", _verdict(native, bundle))
+    _check_rows(json.loads((out / "b.json").read_text()), "native-onnx", _check(native, bundle))
     assert "| native-onnx | fp32 |" in capsys.readouterr().out
 
 

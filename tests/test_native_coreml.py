@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.prereq import skip_or_fail
+
 from edge_spec.contract import kv
-from edge_spec.contract.manifest import GraphEntry, Manifest, ModelEntry, write_bundle
+from edge_spec.contract.atomic import write_bundle
+from edge_spec.contract.manifest import GraphEntry, Manifest, ModelEntry
 from edge_spec.runtimes import fixed
 from tests.test_native import native  # noqa: F401 (the build fixture)
 
@@ -88,7 +91,7 @@ def test_the_cmake_apple_branch_compiles_the_backend(clang, tmp_path):
     OBJCXX, lists coreml in formats.txt, and compiles the two .mm files (with -fobjc-arc from the source property:
     without it they #error) and engine.cpp with ES_HAVE_COREML into object files. Nothing is linked (no frameworks)."""
     if shutil.which("cmake") is None or shutil.which("make") is None:
-        pytest.skip("cmake / make not found (apt-get install cmake make)")
+        skip_or_fail("cmake / make not found (apt-get install cmake make)")
     build = tmp_path / "apple"
     configure = ["cmake", "-S", str(NATIVE), "-B", str(build), f"-DES_PYTHON={sys.executable}", "-DES_WITH_ORT=OFF",
                  "-DAPPLE=1", f"-DCMAKE_OBJCXX_COMPILER={shutil.which(clang)}",

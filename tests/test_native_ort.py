@@ -17,6 +17,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from tests.prereq import skip_or_fail
+
 from edge_spec.api import load_bundle
 from edge_spec.contract.manifest import MANIFEST, sha256_file
 from edge_spec.decoding.generate import generate_plain
@@ -69,7 +71,7 @@ def ort_native(native):  # noqa: F811
     otherwise, before any export (the tests ask for this fixture first)."""
     formats = (native / "formats.txt").read_text().strip()
     if "onnx" not in formats.split():
-        pytest.skip(f"{native} was built without the onnx backend ({formats}); fix: install npm (apt-get install "
+        skip_or_fail(f"{native} was built without the onnx backend ({formats}); fix: install npm (apt-get install "
                     "npm) so CMake can fetch onnxruntime's headers, then make native")
     return native
 

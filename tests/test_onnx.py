@@ -439,7 +439,7 @@ def test_cli_export_and_generate_bundle(tiny_llama, tmp_path, capsys):
     (["generate", "--model", "{model}", "--runtime", "ort", "--prompt", "hi"], "runs exported bundles"),
     (["generate", "--bundle", "{bundle}", "--provider", "coreml", "--prompt", "hi"], "not available"),
     (["generate", "--bundle", "{bundle}", "--ep", "qnn", "--prompt", "hi"], "do not run on Qualcomm"),
-    (["export", "--model", "{model}", "--out", "{nonbundle}"], "refusing to overwrite"),
+    (["export", "--model", "{model}", "--out", "{nonbundle}"], "refusing to replace"),
     (["export", "--model", "{model}", "--max-pass", "4", "--out", "{nonbundle}/b"], "max_pass must be"),
 ])
 def test_cli_errors_exit_2(llama, tiny_llama, tmp_path, capsys, args, message):

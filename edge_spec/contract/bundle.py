@@ -1,5 +1,5 @@
 """What every exporter shares: argument checks, the KV layout, the drafter pairing, content hashes, the tokenizer
-copy, the manifest and the atomic write (`manifest.write_bundle`). A format only supplies `write(job)`, which puts
+copy, the manifest and the atomic write (`atomic.write_bundle`). A format only supplies `write(job)`, which puts
 its artifacts into `job.tmp` and returns their manifest entries (graphs and shared tables): its exporter module's
 `writer(**options)` returns it. `export_bundle` is the one export entry, for every format.
 """
@@ -18,7 +18,8 @@ from edge_spec.model.config import kv_layout
 from edge_spec.model.drafter import Drafter, pair
 from edge_spec.errors import ConfigError
 from edge_spec.contract.formats import Format, check_binding, check_precision, exporter, get_format
-from edge_spec.contract.manifest import TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest, ModelEntry, TableEntry, content_id, write_bundle
+from edge_spec.contract.atomic import write_bundle
+from edge_spec.contract.manifest import TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest, ModelEntry, TableEntry, content_id
 
 DEFAULT_MAX_DRAFT_LEN = 8
 COMMON_STEPS = 3  # hashing the target, copying the tokenizer, writing the manifest

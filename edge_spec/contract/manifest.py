@@ -5,8 +5,8 @@ The manifest names every artifact with its sha256, every graph with its ordered 
 shape with symbolic dims), the KV layout and binding, the drafter's `kv_sharing` (kind -> target
 layer), vocabulary and special tokens, chat template, max context, max draft length and precision.
 
-Writing is atomic (`write_bundle`: build in a temp sibling folder, write manifest.json last, then
-rename), so an interrupted export never leaves a folder that loads. Reading (`read_manifest`)
+Writing is atomic (edge_spec.contract.atomic.write_bundle: build in a temp sibling folder, write manifest.json
+last, then rename), so an interrupted export never leaves a folder that loads. Reading (`read_manifest`)
 verifies the schema, every checksum and the drafter/target pairing, and raises `BundleError`
 naming the file and the fix.
 """
@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from edge_spec.errors import BundleError
 from edge_spec.contract.formats import FORMATS
+from edge_spec.contract.manifest_check import check_fields, check_tables
 from edge_spec.contract.kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, target_io
 
 SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
@@ -173,66 +171,6 @@ def _model_json(m: ModelEntry) -> dict:
     return dict(m.__dict__)
 
 
-# ---- writing (atomic) --------------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _check_replaceable(out: Path) -> None:
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise BundleError(f"{out} exists and is a file", "choose another --out folder")
-    if any(out.iterdir()) and not (out / MANIFEST).is_file():
-        raise BundleError(f"{out} exists, is not empty and holds no {MANIFEST}: refusing to overwrite it",
-                          "choose another --out folder, or delete that folder first")
-
-
-def write_bundle(out: str | Path, build: Callable[[Path], Manifest]) -> Path:
-    """Build a bundle into a temp sibling folder, record sizes + sha256 of every file, write manifest.json
-    last, then move it into place. `build(tmp)` writes the artifacts and returns the manifest (files empty).
-
-    If anything fails (or the process dies) `out` is either the previous bundle or absent, never half-written.
-    """
-    out = Path(out).expanduser().resolve()
-    _check_replaceable(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{out.name}.tmp-"
-    for stale in out.parent.glob(prefix + "*"):  # left by a killed export
-        suffix = stale.name[len(prefix):]
-        if suffix.isdigit() and not _pid_alive(int(suffix)):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = out.parent / f"{prefix}{os.getpid()}"
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        manifest = build(tmp)
-        files = {}
-        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-            rel = path.relative_to(tmp).as_posix()
-            files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-        data = manifest.to_json()
-        data["files"] = files
-        with open(tmp / MANIFEST, "w") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
 # ---- reading (verified) ------------------------------------------------------------------------------
 _REEXPORT = "re-run `edge-spec export` into a fresh --out folder"
 
@@ -243,6 +181,8 @@ def read_manifest(folder: str | Path, *, verify_checksums: bool = True) -> Manif
     (Each runtime then checks the graph files' own IO against the manifest when it loads them: the ORT backend's
     `check_graph_io`.)"""
     folder = Path(folder).expanduser()
+    if folder.is_file():
+        raise BundleError(f"{folder} is a file, not a bundle folder", "pass the --out folder of `edge-spec export`")
     if not folder.is_dir():
         raise BundleError(f"bundle folder {folder} does not exist", "pass the --out folder of `edge-spec export`")
     path = folder / MANIFEST
@@ -257,11 +197,13 @@ def read_manifest(folder: str | Path, *, verify_checksums: bool = True) -> Manif
         raise BundleError(f"{path}: schema_version {version!r}, this edge-spec reads versions "
                           f"{', '.join(map(str, READABLE_VERSIONS))}",
                           "re-export the bundle with this edge-spec version (or install the version that wrote it)")
+    check_fields(raw, path)
     try:
         manifest = Manifest.from_json(raw)
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise BundleError(f"{path}: missing or malformed field {err}", _REEXPORT) from err
     _verify_files(folder, manifest, verify_checksums)
+    check_tables(manifest, path)
     _verify_contract(manifest, path)
     return manifest
 
