@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from edge_spec.version import __version__
 
 
 def load(model: str = "smollm2-135m", **kwargs):

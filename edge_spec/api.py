@@ -16,14 +16,14 @@ from typing import Callable
 import numpy as np
 
 from edge_spec.contract.backend import DrafterBackend, Session
-from edge_spec.loading.checkpoints import BUILTIN_MODELS, LoadedModel
+from edge_spec.loading.checkpoints import BUILTIN_MODELS, LoadedModel, load_drafter
 from edge_spec.loading.checkpoints import load as load_checkpoint
-from edge_spec.model.config import kv_layout
-from edge_spec.model.drafter import Drafter, load_drafter, pair
+from edge_spec.contract.layout import kv_layout
+from edge_spec.model.drafter import Drafter, pair
 from edge_spec.errors import BundleError, CheckpointError, ConfigError
 from edge_spec.contract.formats import (EAGER_RUNTIME, RUN, check_options, check_runtime, format_of_runtime,
                                         get_format, runtime_for)
-from edge_spec.loading.gguf_import import cache_root
+from edge_spec.loading.gguf_common import cache_root
 from edge_spec.logs import NOTICES
 from edge_spec.decoding.generate import GenerationResult, check_request, generate_plain
 from edge_spec.decoding.hostcheck import HostCheck, checked

@@ -171,7 +171,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from edge_spec.benchmark.bench import main as bench_main
+    from edge_spec.benchmark.command import main as bench_main
 
     return bench_main(args)
 
@@ -190,7 +190,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from edge_spec.contract.bundle import export_bundle
     from edge_spec.contract.formats import check_binding, check_options, check_precision, exporter, get_format
     from edge_spec.loading.checkpoints import load as load_checkpoint
-    from edge_spec.model.drafter import load_drafter
+    from edge_spec.loading.checkpoints import load_drafter
 
     fmt = get_format(args.format)
     args.quant = args.quant or fmt.precisions[0]

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from edge_spec.contract import bundle
-from edge_spec.contract import calibration
+from edge_spec.exporters import calibration
 from edge_spec.contract import kv
 from edge_spec.exporters import static
 from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN

@@ -23,11 +23,13 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
     reads it as external data of its `embed_table` initializer and the drafter graph takes it as an input
     (the runtime binds one memory-mapped buffer to both), so the drafter embeds tokens - and a
     `head_from="target"` drafter scores them - without a second copy. An untied target with such a
-    drafter also gets `output_table.bin` (its lm_head), the one case with a duplicate;
+    drafter also gets `output_table.bin` (its lm_head), the one case with a duplicate. int8 / int4 bundles of a
+    tied target store no float table at all: the 8-bit output head's codes and scales are the table
+    (`onnx/embed_table_q8.bin`, `embed_table_scales.bin`), gathered by both graphs (exporters/onnx_tables.py);
   * precisions: fp32; fp16 (onnxruntime's float16 converter, float32 IO, `to_float16`); int8 / int4 =
     weight-only MatMulNBits (blocks of 32, int8 activations = accuracy level 4): int8 symmetric codes (as
     Q8_0: no offset term, ~14% faster than asymmetric), int4 asymmetric min/max codes (GGUF Q4_1 weights
-    exactly) with an 8-bit output head. onnxruntime's own quantizers were measured and rejected:
+    exactly) with an 8-bit symmetric output head (Q8_0's grid). onnxruntime's own quantizers were measured and rejected:
     quantize_dynamic (per-tensor uint8 activations) and symmetric int4 agreed with fp32 on only ~60% of
     SmolLM2's top-1 tokens;
   * exporter: dynamo (default; leaner graphs, ~15% faster decode than TorchScript's shape-op chains) or
@@ -44,6 +46,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
@@ -61,8 +64,9 @@ from edge_spec.model.forms import SPLIT, Form, Slots
 from edge_spec.model.ops import EAGER, Ops
 from edge_spec.model.transformer import Transformer
 from edge_spec.exporters.onnx_fused import FusedOps
-from edge_spec.exporters.onnx_passes import (ONNX_DIR, TABLE_FILES, rename_embedding_table, quantize, save_graph,
-                                             write_table)
+from edge_spec.exporters.onnx_passes import (ONNX_DIR, QUANT_BITS, TABLE_FILES, rename_embedding_table, quantize,
+                                             save_graph, write_table)
+from edge_spec.exporters.onnx_tables import quantize_drafter_table, quantize_gather_tables, share_table
 
 TARGET_FILE = f"{ONNX_DIR}/target.onnx"
 DRAFTER_FILE = f"{ONNX_DIR}/drafter.onnx"
@@ -295,15 +299,19 @@ def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dic
     target, drafter, layout, precision, step = job.target, job.drafter, job.layout, job.precision, job.step
     cfg, tmp = target.config, job.tmp
     (tmp / ONNX_DIR).mkdir()
-    tables = {kv.EMBED_TABLE: _table_entry(tmp, kv.EMBED_TABLE, target.model.model.embed_tokens.weight)}
-    if needs_output_table(cfg, drafter):
-        tables[kv.OUTPUT_TABLE] = _table_entry(tmp, kv.OUTPUT_TABLE, target.model.lm_head.weight)
+    embedding = target.model.model.embed_tokens.weight.detach().float().numpy()
     step("exporting the target graph")
     proto = export_target(target.model, layout, exporter=exporter, attention=attention)
-    rename_embedding_table(proto, target.model.model.embed_tokens.weight.detach().numpy())
+    rename_embedding_table(proto, embedding)
     step(f"quantizing the target graph ({precision})" if precision != "fp32" else "saving the target graph")
     proto = quantize(proto, precision, cfg.vocab_size)
-    save_graph(proto, tmp / TARGET_FILE, {kv.EMBED_TABLE: Path(TABLE_FILES[kv.EMBED_TABLE]).name})
+    # int8 / int4 of a tied target: the head's 8-bit bytes are the one vocabulary table (exporters/onnx_tables.py)
+    shared = share_table(proto, embedding) if precision in QUANT_BITS else None
+    arrays = {kv.EMBED_TABLE: embedding} if shared is None else dict(zip((kv.EMBED_Q8, kv.EMBED_SCALES), shared))
+    tables = {name: _table_entry(tmp, name, array) for name, array in arrays.items()}
+    if needs_output_table(cfg, drafter):
+        tables[kv.OUTPUT_TABLE] = _table_entry(tmp, kv.OUTPUT_TABLE, target.model.lm_head.weight.detach().float().numpy())
+    save_graph(proto, tmp / TARGET_FILE, {name: Path(TABLE_FILES[name]).name for name in arrays})
     del proto
     graphs = {"target": GraphEntry(TARGET_FILE, precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size))}
     if drafter is not None:
@@ -311,14 +319,18 @@ def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dic
         dproto = export_drafter(drafter, target.model, layout, job.sources, exporter=exporter)
         step(f"quantizing the drafter graph ({precision})" if precision != "fp32" else "saving the drafter graph")
         dproto = quantize(dproto, precision, cfg.vocab_size)
+        if shared is not None:
+            quantize_drafter_table(dproto, cfg.vocab_size, cfg.hidden_size)
+        if precision in QUANT_BITS:  # its own vocabulary-sized tables (a derived token table) on the same 8-bit grid
+            quantize_gather_tables(dproto, cfg.vocab_size)
         save_graph(dproto, tmp / DRAFTER_FILE, {})
         io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size, drafter.cfg.candidates_per_step,
-                           needs_output_table(cfg, drafter))
+                           needs_output_table(cfg, drafter), quantized_table=shared is not None)
         graphs["drafter"] = GraphEntry(DRAFTER_FILE, precision, io)
     return graphs, tables
 
 
-def _table_entry(tmp: Path, name: str, weight: torch.Tensor) -> TableEntry:
-    array = write_table(tmp / TABLE_FILES[name], weight.detach().float().numpy())
-    return TableEntry(TABLE_FILES[name], "float32", tuple(array.shape))
+def _table_entry(tmp: Path, name: str, array: np.ndarray) -> TableEntry:
+    array = write_table(tmp / TABLE_FILES[name], array)
+    return TableEntry(TABLE_FILES[name], str(array.dtype), tuple(array.shape))
 

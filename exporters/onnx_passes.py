@@ -19,10 +19,11 @@ from edge_spec.errors import ExportError
 from edge_spec.logs import quiet
 
 ONNX_DIR = "onnx"
-TABLE_FILES = {kv.EMBED_TABLE: f"{ONNX_DIR}/embed_table.bin", kv.OUTPUT_TABLE: f"{ONNX_DIR}/output_table.bin"}
+TABLE_FILES = {kv.EMBED_TABLE: f"{ONNX_DIR}/embed_table.bin", kv.OUTPUT_TABLE: f"{ONNX_DIR}/output_table.bin",
+               kv.EMBED_Q8: f"{ONNX_DIR}/embed_table_q8.bin", kv.EMBED_SCALES: f"{ONNX_DIR}/embed_table_scales.bin"}
 QUANT_BLOCK = 32
 # precision -> (weight bits, output-head bits, symmetric codes)
-QUANT_BITS = {"int8": (8, 8, True), "int4": (4, 8, False)}
+QUANT_BITS = {"int8": (8, 8, True), "int4": (4, 8, False)}  # precision -> (body bits, head bits, symmetric body)
 # MatMulNBits with int8 activations: the only fast CPU kernels (fp32 activations, or float zero points, ran ~10x
 # slower here, and 8-bit float zero points are refused), so int4's asymmetric codes keep the symmetric kernel and
 # add a per-block offset term; int8 is symmetric like llama.cpp's Q8_0 and needs no offset term.
@@ -112,7 +113,8 @@ def _quantize_matmuls(proto: onnx.ModelProto, bits: int, head_bits: int, vocab_s
     """Every MatMul with a constant 2-D weight -> MatMulNBits(a) (+ (a @ block indicator) @ offsets if asymmetric).
 
     The offset term carries each block's minimum, so the fast symmetric kernel (no zero-point input) serves an
-    asymmetric code. `a @ indicator` (per-block sums of the activations) is shared by MatMuls of one input,
+    asymmetric code. 8-bit weights (int8's, int4's output head) are always symmetric: llama.cpp's Q8_0 grid, which
+    holds a Q8_0 GGUF table exactly and lets the head's bytes serve the embedding too (exporters/onnx_tables.py). `a @ indicator` (per-block sums of the activations) is shared by MatMuls of one input,
     and sibling MatMuls of one input (q/k/v, gate/up) become one wide MatMulNBits + Split: per-column maths
     is unchanged and SmolLM2's int8 graph loses 210 of its ~1,900 per-step ops. The output head
     (N == vocab) gets `head_bits`."""
@@ -138,14 +140,15 @@ def _quantize_matmuls(proto: onnx.ModelProto, bits: int, head_bits: int, vocab_s
         done.update(m.output[0] for m in group)
         w = np.concatenate([weights[m.output[0]] for m in group], axis=1)  # [K, sum N]
         k, n = w.shape
-        packed, scales, offsets = quantize_blocks(w, nbits, symmetric=symmetric)
+        sym = symmetric or nbits == 8  # 8-bit codes are symmetric (Q8_0's grid; int4's head: the table's bytes)
+        packed, scales, offsets = quantize_blocks(w, nbits, symmetric=sym)
         base = f"{inits[node.input[1]].name}.q{nbits}" + (f".x{len(group)}" if len(group) > 1 else "")
         out = node.output[0] if len(group) == 1 else base + ".out"
         matmul = onnx.helper.make_node("MatMulNBits", [a, base, base + ".scales"],
-                                       [out if symmetric else out + ".main"], name=base + ".q", domain="com.microsoft",
+                                       [out if sym else out + ".main"], name=base + ".q", domain="com.microsoft",
                                        K=k, N=n, bits=nbits, block_size=QUANT_BLOCK, accuracy_level=ACCURACY_LEVEL)
         extra += [numpy_helper.from_array(packed, base), numpy_helper.from_array(scales, base + ".scales")]
-        if symmetric:
+        if sym:
             nodes.append(matmul)
         else:
             if (a, k) not in block_sums:
@@ -258,9 +261,10 @@ def save_graph(proto: onnx.ModelProto, path: Path, tables: dict[str, str]) -> No
     path's folder, already written raw) are pointed at those files instead of being copied."""
     for init in proto.graph.initializer:
         if init.name in tables:
-            nbytes = int(np.prod(init.dims)) * 4
+            nbytes = int(np.prod(init.dims)) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
             init.ClearField("raw_data")
             del init.float_data[:]
+            del init.int32_data[:]
             del init.external_data[:]
             for key, value in (("location", tables[init.name]), ("offset", "0"), ("length", str(nbytes))):
                 entry = init.external_data.add()
@@ -274,7 +278,7 @@ def save_graph(proto: onnx.ModelProto, path: Path, tables: dict[str, str]) -> No
 
 
 def write_table(path: Path, array: np.ndarray) -> np.ndarray:
-    array = np.ascontiguousarray(array, dtype="<f4")
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     path.parent.mkdir(parents=True, exist_ok=True)
     array.tofile(path)
     return array

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from edge_spec.contract import bundle
-from edge_spec.contract import calibration
+from edge_spec.exporters import calibration
 from edge_spec.runtimes import qnn_htp
 from edge_spec.contract.backend import Session
 from edge_spec.loading.checkpoints import LoadedModel

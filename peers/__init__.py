@@ -39,7 +39,8 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace, engine) -> list:
     """The peer runners `args` asks for, built (and their models cached) before the long measurement starts, so a
     missing package or file fails first, not after it."""
-    from edge_spec.loading.gguf_import import cache_root, find_smollm2_gguf
+    from edge_spec.loading.gguf_common import cache_root
+    from edge_spec.loading.gguf_import import find_smollm2_gguf
 
     wanted, cache = args.peer or [], cache_root() / "peers"
     runners = []

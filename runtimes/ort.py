@@ -89,7 +89,7 @@ def make_session(path: Path, *, provider: str | None = "cpu", threads: int | Non
     return session
 
 
-_ORT_TYPES = {"float32": "tensor(float)", "int64": "tensor(int64)"}
+_ORT_TYPES = {"float32": "tensor(float)", "int64": "tensor(int64)", "uint8": "tensor(uint8)"}
 
 
 def check_graph_io(session, io: kv.GraphIO, path: Path) -> None:
@@ -117,7 +117,7 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     tables = {name: read_table(folder, entry) for name, entry in manifest.tables.items()}
     target_entry = manifest.graphs["target"]
     target = make_session(folder / target_entry.file, provider=provider, threads=threads,
-                          initializers={kv.EMBED_TABLE: tables[kv.EMBED_TABLE]}, spin=spin)
+                          initializers={n: tables[n] for n in kv.TARGET_TABLES if n in tables}, spin=spin)
     check_graph_io(target, target_entry.io, folder / target_entry.file)
     backend = OrtBackend(target, layout, manifest.vocab_size, manifest.hidden_size)
     if manifest.drafter is None:
@@ -338,4 +338,4 @@ class OrtDrafter:
 
 def _bind_table(binding, name: str, table: np.ndarray) -> None:
     """Tables are read-only memory maps: bind by pointer (ORT never writes graph inputs)."""
-    binding.bind_input(name, "cpu", 0, np.float32, list(table.shape), table.ctypes.data)
+    binding.bind_input(name, "cpu", 0, table.dtype.type, list(table.shape), table.ctypes.data)

@@ -22,7 +22,8 @@ from typing import NamedTuple
 import numpy as np
 
 from edge_spec.contract import kv
-from edge_spec.contract.kv import KVLayout, KVState
+from edge_spec.contract.kv import KVLayout
+from edge_spec.contract.kv_state import KVState
 
 _FLOAT_OPS = {"MatMul", "MatMulNBits", "FusedMatMul", "Gemm", "Softmax", "Add", "Mul", "Sub", "Div", "Sqrt",
               "Sigmoid", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "RotaryEmbedding"}
@@ -76,7 +77,8 @@ def _expose_all_outputs(proto, onnx):
             existing.add(name)
 
 
-def _session(path: Path, threads: int | None, *, optimize: bool, table=None, save_to: Path | None = None):
+def _session(path: Path, threads: int | None, *, optimize: bool, tables: dict | None = None,
+             save_to: Path | None = None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -89,21 +91,21 @@ def _session(path: Path, threads: int | None, *, optimize: bool, table=None, sav
         so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     keep = []
-    if table is not None:
-        keep = [ort.OrtValue.ortvalue_from_numpy(np.asarray(table))]
-        so.add_external_initializers([kv.EMBED_TABLE], keep)
+    if tables:
+        keep = [ort.OrtValue.ortvalue_from_numpy(np.asarray(t)) for t in tables.values()]
+        so.add_external_initializers(list(tables), keep)
     session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     session._keep = keep
     return session
 
 
-def _optimized(graph: Path, work: Path, threads: int | None, table):
+def _optimized(graph: Path, work: Path, threads: int | None, tables: dict):
     """The graph as onnxruntime runs it (after its fusions, saved by onnxruntime itself): exposing intermediate
     outputs of the *original* graph would block fusions (FusedMatMul, the norms) and compare other kernels than
     generation runs."""
     import onnx
 
-    _session(graph, threads, optimize=True, table=table, save_to=work / "optimized.onnx")
+    _session(graph, threads, optimize=True, tables=tables, save_to=work / "optimized.onnx")
     return onnx.load(work / "optimized.onnx", load_external_data=False)
 
 
@@ -143,9 +145,9 @@ def node_diff(folder: str | Path, *, start: int = 40, tokens: int = 5, threads: 
     layout, entry = manifest.layout, manifest.graphs["target"]
     if start + tokens > layout.max_context:
         start = layout.max_context - tokens
-    table = read_table(folder, manifest.tables[kv.EMBED_TABLE])
+    tables = {n: read_table(folder, manifest.tables[n]) for n in kv.TARGET_TABLES if n in manifest.tables}
     with tempfile.TemporaryDirectory() as work:
-        proto = _optimized(folder / entry.file, Path(work), threads, table)
+        proto = _optimized(folder / entry.file, Path(work), threads, tables)
         _expose_all_outputs(proto, onnx)
         exposed = Path(work) / "exposed.onnx"
         onnx.save(proto, exposed)

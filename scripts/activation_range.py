@@ -15,7 +15,7 @@ import torch
 
 from edge_spec.contract.backend import Session
 from edge_spec.loading import checkpoints
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.runtimes.torch import TorchBackend
 
 FP16_MAX = 65504.0

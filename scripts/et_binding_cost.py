@@ -26,7 +26,8 @@ from truncated import truncated_smollm2
 
 from edge_spec.loading import checkpoints
 from edge_spec.contract import kv
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.kv_state import KVState
+from edge_spec.contract.layout import kv_layout
 from edge_spec.runtimes.io_caches import IoCaches, NewRows
 from edge_spec.exporters import executorch as et_export
 from edge_spec.exporters.onnx import TargetGraph
@@ -102,7 +103,7 @@ class StateRunner:
 
 def run(runner, layout, seq: list[int], ts: list[int], context: int, repeats: int) -> tuple[np.ndarray, dict]:
     """Prefill `seq[:context]` in passes of MAX_PASS, then time passes over T rows (rewound after each)."""
-    state = kv.KVState(layout)
+    state = KVState(layout)
 
     def step(tokens):
         ids = np.array([tokens], np.int64)

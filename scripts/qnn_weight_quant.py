@@ -29,7 +29,7 @@ def main() -> None:
     from edge_spec.loading import checkpoints
     from edge_spec.api import load
     from edge_spec.benchmark.bench import DEFAULT_PROMPTS
-    from edge_spec.loading.gguf_import import cache_root
+    from edge_spec.loading.gguf_common import cache_root
     from edge_spec.train.evaluate import read_prompts
 
     load("smollm2-135m", drafter=None)  # converts the built-in GGUF once

@@ -12,7 +12,7 @@ def truncated_smollm2(layers: int, out: Path) -> Path:
     """The built-in SmolLM2's HF folder with only its first `layers` layers (config and safetensors)."""
     from safetensors.torch import load_file, save_file
 
-    from edge_spec.loading.gguf_import import cache_root
+    from edge_spec.loading.gguf_common import cache_root
 
     src = cache_root() / "smollm2-135m-instruct"
     if not (src / "config.json").is_file():

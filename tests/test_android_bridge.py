@@ -156,7 +156,7 @@ def smollm2_android_pte(smollm2, converted):
     """SmolLM2-135M + the built-in drafter as one fp32 .pte (what `edge-spec export --format executorch` writes; ~8 min
     on 2 cores). Reuses tests/test_native.py's export when that ran earlier in the same session."""
     from edge_spec.api import resolve_drafter
-    from edge_spec.model.drafter import load_drafter
+    from edge_spec.loading.checkpoints import load_drafter
     from edge_spec.exporters.executorch import export_bundle
 
     shared = converted.parent / "bundle-native-fp32"

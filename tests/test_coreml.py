@@ -309,7 +309,7 @@ def smollm2_package(smollm2, converted):
     import time
 
     from edge_spec.api import resolve_drafter
-    from edge_spec.model.drafter import load_drafter
+    from edge_spec.loading.checkpoints import load_drafter
 
     drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
     start = time.perf_counter()

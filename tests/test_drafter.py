@@ -6,8 +6,9 @@ import torch
 
 from edge_spec.loading import checkpoints
 from edge_spec.contract.backend import Session
-from edge_spec.model.config import kv_layout
-from edge_spec.model.drafter import check_pair, load_drafter, new_drafter, save_drafter
+from edge_spec.contract.layout import kv_layout
+from edge_spec.loading.checkpoints import load_drafter
+from edge_spec.model.drafter import check_pair, new_drafter, save_drafter
 from edge_spec.model.config import from_hf_dict
 from edge_spec.errors import CheckpointError
 from edge_spec.runtimes.torch import TorchBackend, TorchDrafter

@@ -15,8 +15,9 @@ from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import generate_speculative
 from edge_spec.errors import CheckpointError
 from edge_spec.loading import checkpoints
-from edge_spec.model.config import kv_layout
-from edge_spec.model.drafter import drafter_config_from_dict, load_drafter, new_drafter, pair, save_drafter
+from edge_spec.contract.layout import kv_layout
+from edge_spec.loading.checkpoints import load_drafter
+from edge_spec.model.drafter import drafter_config_from_dict, new_drafter, pair, save_drafter
 from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 from tests.parity import assert_drafter_matches_eager, prompt_ids
 
@@ -276,3 +277,29 @@ def test_the_shipped_gemma3_drafter_is_the_e2b_shape_under_the_commit_budget():
     assert text["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
     assert (drafter.cfg.num_centroids, drafter.cfg.top_k_clusters) == (2048, 32)
     assert default_drafter("gemma3-270m") == "builtin"
+
+
+def test_int8_bundle_stores_the_derived_table_8bit_and_stays_exact(target, tmp_path):
+    """int8 / int4 bundles: the drafter's derived table [V, Ha] and the target's tied table are 8-bit (Q8_0's grid,
+    read by GatherBlockQuantized: exporters/onnx_tables.py), no float copy of either; the drafter's candidates stay
+    close to eager's, and greedy speculative == plain."""
+    import onnx
+
+    from edge_spec.api import load_bundle
+    from edge_spec.contract import kv
+    from edge_spec.exporters.onnx import export_bundle
+
+    drafter = derived(target)
+    folder = export_bundle(target, tmp_path / "b", drafter=drafter, max_context=96, precision="int8")
+    graph = onnx.load(str(next(folder.rglob("drafter.onnx"))), load_external_data=False).graph
+    shapes = {tuple(t.dims): t.data_type for t in graph.initializer}
+    vocab = target.config.vocab_size
+    assert (vocab, ARGS["hidden_size"]) not in shapes  # the float table is gone...
+    assert shapes[(vocab, ARGS["hidden_size"] // 32, 32)] == onnx.TensorProto.UINT8  # ...its 8-bit codes are there
+    assert sum(n.op_type == "GatherBlockQuantized" for n in graph.node) >= 2  # its table and the target's
+    assert [t.name for t in graph.input if t.name.startswith("embed_table")] == [kv.EMBED_Q8, kv.EMBED_SCALES]
+    engine = load_bundle(folder, threads=1)
+    ids = prompt_ids(11, seed=4)
+    plain = engine.generate(ids, max_new_tokens=24, speculative=False).tokens
+    spec = engine.generate(ids, max_new_tokens=24, spec_k=2, lookup=False, adaptive=False)
+    assert spec.tokens == plain and spec.extra["spec"].drafter_calls > 0

@@ -91,7 +91,7 @@ def test_8da4w_logits_within_bound_and_speculative_exact(llama, tmp_path):
 def smollm2_pte(smollm2, converted):
     """SmolLM2-135M + the built-in drafter as one fp32 .pte (~8 min to export on 2 cores, 3.2 GB peak RSS)."""
     from edge_spec.api import resolve_drafter
-    from edge_spec.model.drafter import load_drafter
+    from edge_spec.loading.checkpoints import load_drafter
 
     drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
     return export_bundle(smollm2, converted.parent / "bundle-et-fp32", drafter=drafter, max_context=256)

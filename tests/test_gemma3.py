@@ -13,11 +13,12 @@ import torch
 
 from edge_spec.loading import checkpoints
 from edge_spec.loading import gguf_gemma3
-from edge_spec.loading import gguf_import
+from edge_spec.loading import gguf_common
 from edge_spec.contract.backend import Session
-from edge_spec.model.config import FULL, GEMMA3, SLIDING, kv_layout
+from edge_spec.model.config import FULL, GEMMA3, SLIDING
+from edge_spec.contract.layout import kv_layout
 from edge_spec.decoding.generate import generate_plain
-from edge_spec.loading.gguf_import import HF_FILES, GGUFImportError
+from edge_spec.loading.gguf_common import HF_FILES, GGUFImportError
 from edge_spec.runtimes.torch import TorchBackend
 from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.loading.tokenizer import Tokenizer
@@ -129,7 +130,7 @@ def test_builtin_gemma3_folder_is_reused_without_the_gguf(tmp_path, monkeypatch)
         (folder / name).write_text("{}")
     monkeypatch.setattr(gguf_gemma3, "find_gemma3_gguf", lambda *a: pytest.fail("the GGUF should not be needed"))
     assert gguf_gemma3.builtin_gemma3_folder(tmp_path) == folder
-    monkeypatch.setenv(gguf_import.CACHE_ENV_VAR, str(tmp_path))
+    monkeypatch.setenv(gguf_common.CACHE_ENV_VAR, str(tmp_path))
     assert checkpoints.resolve("gemma3-270m") == folder
 
 

@@ -17,7 +17,7 @@ import pytest
 from edge_spec.api import load_bundle, resolve_drafter
 from edge_spec.contract.backend import Session
 from edge_spec.contract.bundle import export_bundle
-from edge_spec.model.drafter import load_drafter
+from edge_spec.loading.checkpoints import load_drafter
 from edge_spec.runtimes.torch import TorchBackend
 from tests.test_gemma3 import greedy
 

@@ -21,10 +21,9 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from edge_spec.loading import gguf_import
+from edge_spec.loading import gguf_common, gguf_import
+from edge_spec.loading.gguf_common import HF_FILES, GGUFImportError
 from edge_spec.loading.gguf_import import (
-    HF_FILES,
-    GGUFImportError,
     builtin_smollm2_folder,
     convert_gguf_to_hf,
     find_smollm2_gguf,
@@ -276,7 +275,7 @@ def test_builtin_folder_location_and_reuse(
     def no_reading(path):
         raise AssertionError("the GGUF should not be read again")
 
-    monkeypatch.setattr(gguf_import, "_open_reader", no_reading)
+    monkeypatch.setattr(gguf_common, "open_reader", no_reading)
     for parent in (tmp_path / "env-cache", tmp_path / "arg-cache"):
         folder = parent / "smollm2-135m-instruct"
         folder.mkdir(parents=True)

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from edge_spec.api import load_bundle
-from edge_spec.contract import calibration
+from edge_spec.exporters import calibration
 from edge_spec.contract.backend import Session
 from edge_spec.loading import checkpoints
 from edge_spec.model import headroom
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.runtimes.coreml import EXECUTOR_ENV
 from edge_spec.runtimes.torch import TorchBackend
 from tests.parity import prompt_ids

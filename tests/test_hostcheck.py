@@ -10,7 +10,7 @@ from edge_spec.loading import checkpoints
 from edge_spec.decoding import hostcheck
 from edge_spec.contract.backend import Session, StepOutput
 from edge_spec.cli import main
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.exporters.onnx import export_bundle
 from edge_spec.decoding.hostcheck import HostCheck, probe, probe_windows
 from edge_spec.contract.kv import CacheSpec, KVLayout

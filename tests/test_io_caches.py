@@ -4,6 +4,7 @@ plain [1, H_kv, S, D] array per layer written with the same plan)."""
 import numpy as np
 
 from edge_spec.contract import kv
+from edge_spec.contract.kv_state import KVState
 from edge_spec.runtimes.io_caches import IoCaches, NewRows
 
 # two full layers of one shape (one store), one with other heads, a 12-slot ring
@@ -14,7 +15,7 @@ LAYOUT = kv.KVLayout((kv.CacheSpec(0, kv.FULL, 2, 4, 40, None), kv.CacheSpec(1, 
 def run(passes: list[tuple[int, int]], seed: int = 0) -> None:
     """passes: (tokens in the pass, rows accepted); after each commit every bound view == the reference."""
     rng = np.random.default_rng(seed)
-    caches, state = IoCaches(LAYOUT, bucket=8), kv.KVState(LAYOUT)
+    caches, state = IoCaches(LAYOUT, bucket=8), KVState(LAYOUT)
     ref = [[np.zeros(c.shape, np.float32) for _ in "kv"] for c in LAYOUT.caches]
     new = NewRows(LAYOUT, 9)
     for t, accept in passes:
@@ -78,7 +79,7 @@ def test_rows_written_in_place_survive_the_commit_that_shrinks_the_bucket():
     wrote, not only the rows committed before it (the bug the host check found: max |diff| 8.9)."""
     layout = kv.KVLayout((kv.CacheSpec(0, kv.FULL, 3, 4, 40, None),), 40, binding=kv.BINDING_SHARED)
     rng = np.random.default_rng(0)
-    caches, state = IoCaches(layout, bucket=8, spare=kv.SHARED_SPARE_SLOTS), kv.KVState(layout)
+    caches, state = IoCaches(layout, bucket=8, spare=kv.SHARED_SPARE_SLOTS), KVState(layout)
     ref = np.zeros((1, 3, 41, 4), np.float32)
     for t, accept in ((5, 5), (2, 1), (2, 1), (3, 2), (9, 3), (2, 1), (2, 2)):  # passes across the edges 8, 16
         caches.prepare(state.length, t)

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from edge_spec.errors import ConfigError, ContextOverflowError, KVStateError
-from edge_spec.contract.kv import (BINDING_STATE, FULL, SLIDING, CacheSpec, KVLayout, KVState, attention_mask, commit_slots,
-                          ring_slots)
+from edge_spec.contract.kv import (BINDING_STATE, FULL, SLIDING, CacheSpec, KVLayout, attention_mask, commit_slots,
+                                   ring_slots)
+from edge_spec.contract.kv_state import KVState
 
 V = 0.0  # visible
 X = np.float32(-1e30)  # masked

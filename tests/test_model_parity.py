@@ -11,7 +11,7 @@ from edge_spec.exporters.onnx_fused import FusedOps
 
 from edge_spec.loading import checkpoints
 from edge_spec.contract.backend import Session
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.runtimes.torch import TorchBackend
 from tests.tiny import gemma4_config, save_reference
 

@@ -224,13 +224,13 @@ def differential(tools: dict[str, Path], folder: Path, work: Path, *, strings: i
 def smollm2_tokenizer_folder(tmp_path_factory) -> Path:
     """SmolLM2's tokenizer.json + tokenizer_config.json from the GGUF's tokenizer metadata only (no weights),
     the way convert_gguf_to_hf writes them."""
-    from edge_spec.loading import gguf_import
+    from edge_spec.loading import gguf_common, gguf_import
 
     path = gguf_import.find_smollm2_gguf()
     folder = tmp_path_factory.mktemp("smollm2-tokenizer")
-    tokenizer, config = gguf_import._build_tokenizer(gguf_import._open_reader(path), path, 8192)
+    tokenizer, config = gguf_import._build_tokenizer(gguf_common.open_reader(path), path, 8192)
     tokenizer.save(str(folder / "tokenizer.json"))
-    gguf_import._write_json(folder / "tokenizer_config.json", config)
+    gguf_common.write_json(folder / "tokenizer_config.json", config)
     return folder
 
 

@@ -138,6 +138,24 @@ def check_fp16_graphs(folder, manifest):
         assert all(v.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16 for v in io)
 
 
+def check_one_quantized_table(folder, manifest, target):
+    """int8 / int4 of a tied target: one 8-bit table (the head's bytes), no float copy in any file, read by both graphs'
+    GatherBlockQuantized; its rows are the float table on the Q8_0 grid."""
+    from edge_spec.contract.manifest import read_table
+    from edge_spec.exporters.onnx_passes import quantize_blocks
+
+    assert set(manifest.tables) == {kv.EMBED_Q8, kv.EMBED_SCALES}
+    assert not any(rel.endswith(("embed_table.bin", "output_table.bin")) for rel in manifest.files)
+    codes, scales = (read_table(folder, manifest.tables[n]) for n in (kv.EMBED_Q8, kv.EMBED_SCALES))
+    want_codes, want_scales, _ = quantize_blocks(target.model.model.embed_tokens.weight.detach().numpy().T, 8,
+                                                 symmetric=True)
+    assert np.array_equal(codes, want_codes) and np.array_equal(scales, want_scales)
+    for role in manifest.graphs:
+        graph = onnx.load(folder / manifest.graphs[role].file, load_external_data=False).graph
+        ops = {n.op_type for n in graph.node}
+        assert "GatherBlockQuantized" in ops and kv.EMBED_TABLE not in {i for n in graph.node for i in n.input}, role
+
+
 @pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
 def test_quantized_bundle_logits_within_bound_and_speculative_exact(llama, tmp_path, precision):
     _, target, drafter = llama
@@ -152,6 +170,7 @@ def test_quantized_bundle_logits_within_bound_and_speculative_exact(llama, tmp_p
         check_fp16_graphs(folder, manifest)
     else:
         assert len(nbits) == len(set(nbits)) == 4 * layers + 1, "sibling MatMuls of one input must be fused"
+        check_one_quantized_table(folder, manifest, target)
     backend, ort_drafter, engine = ort_parts(folder)
     ours, ref = Session(backend), Session(TorchBackend(target.model, manifest.layout))
     ids = prompt_ids(24, seed=11)

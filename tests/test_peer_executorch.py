@@ -12,7 +12,7 @@ import torch
 
 from edge_spec.loading import checkpoints
 from edge_spec.contract.backend import Session
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.errors import ConfigError
 from edge_spec.peers.executorch_runner import et_params, meta_checkpoint, meta_name
 from edge_spec.runtimes.torch import TorchBackend

@@ -7,7 +7,7 @@ import pytest
 
 from edge_spec.loading import checkpoints
 from edge_spec.contract.backend import Session
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.errors import ContextOverflowError, KVStateError
 from edge_spec.contract.kv import KVLayout
 from edge_spec.runtimes.torch import TorchBackend

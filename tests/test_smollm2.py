@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from edge_spec.contract.backend import Session
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.decoding.generate import generate_plain
 from edge_spec.runtimes.torch import TorchBackend
 from edge_spec.decoding.sampling import SamplingParams

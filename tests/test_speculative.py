@@ -9,7 +9,7 @@ from scipy.stats import chisquare
 
 from edge_spec.loading import checkpoints
 from edge_spec.contract.backend import DraftStep, Session
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.model.drafter import check_pair, new_drafter
 from edge_spec.errors import ConfigError
 from edge_spec.decoding.generate import generate_plain

@@ -9,11 +9,12 @@ import torch
 
 from edge_spec.loading import checkpoints
 from edge_spec.cli import main
-from edge_spec.model.drafter import check_pair, load_drafter, new_drafter
+from edge_spec.loading.checkpoints import load_drafter
+from edge_spec.model.drafter import check_pair, new_drafter
 from edge_spec.errors import ConfigError
 from edge_spec.decoding.generate import generate_plain
 from edge_spec.contract.backend import Session
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.runtimes.torch import TorchBackend
 from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.train import data as D

@@ -295,17 +295,14 @@ def machine() -> str:
     return f"{cpu_identity()}, {os.cpu_count()} cores, {platform.system()}"
 
 
-def main(args) -> int:
+def main(args, prompts: list[dict]) -> int:
+    """`edge-spec bench` on the Python runtimes (edge_spec.benchmark.command: the shared option checks done, `prompts`
+    read)."""
     from edge_spec.api import load
     from edge_spec.cli_options import given_options
     from edge_spec.contract.formats import RUN
     from edge_spec.peers import from_args as peers_from_args
 
-    prompts = _check_args(args)
-    if args.runtime == NATIVE:
-        from edge_spec.benchmark.native import main as native_main
-
-        return native_main(args, prompts)
     if args.native_bin is not None:
         raise ConfigError("--native-bin applies to --runtime native", "add --runtime native, or drop --native-bin")
     if args.bundle is not None and args.drafter is not None:
@@ -320,20 +317,6 @@ def main(args) -> int:
     return report(args, rows, [r.result() for r in runners], len(prompts),
                   exactness.summary() if exactness is not None else None,
                   host_exact=exactness.exact if exactness is not None else None)
-
-
-NATIVE = "native"  # --runtime native: the C++ runner (edge_spec/benchmark/native.py)
-
-
-def _check_args(args) -> list[dict]:
-    """The checks every runtime shares; the prompts."""
-    from edge_spec.train.evaluate import read_prompts
-
-    if not args.spec_k or any(k < 1 for k in args.spec_k):
-        raise ConfigError(f"--spec-k values must be >= 1, got {args.spec_k}")
-    if args.repeats < 1:
-        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
-    return read_prompts(Path(args.prompts) if args.prompts else DEFAULT_PROMPTS)[:args.num_prompts]
 
 
 def report(args, rows: list[dict], peers: list[dict], n_prompts: int, exactness: str | None, *,

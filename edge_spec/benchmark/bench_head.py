@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from edge_spec.contract.backend import Session
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.model.drafter import check_pair, new_drafter
 
 

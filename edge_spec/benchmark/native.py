@@ -185,7 +185,7 @@ def measure(runner: NativeRunner, about: dict, prompt_ids: list[list[int]], *, k
 
 
 def main(args, prompts: list[dict]) -> int:
-    """bench.main for --runtime native (the shared option checks done, `prompts` read)."""
+    """`edge-spec bench --runtime native` (edge_spec.benchmark.command: the shared option checks done, `prompts` read)."""
     from edge_spec.cli_options import given_options
     from edge_spec.contract.formats import RUN
     from edge_spec.contract.manifest import MANIFEST, read_manifest

@@ -11,7 +11,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from edge_spec.contract.kv import WRITES_ALL, KVLayout, KVState
+from edge_spec.contract.kv import WRITES_ALL, KVLayout
+from edge_spec.contract.kv_state import KVState
 
 
 class StepOutput(NamedTuple):

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from edge_spec import __version__
+from edge_spec.version import __version__
 from edge_spec.contract import kv
 from edge_spec.loading.checkpoints import LoadedModel
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 from edge_spec.model.drafter import Drafter, pair
 from edge_spec.errors import ConfigError
 from edge_spec.contract.formats import Format, check_binding, check_precision, exporter, get_format

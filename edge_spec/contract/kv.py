@@ -30,10 +30,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from edge_spec.errors import ConfigError, ContextOverflowError, KVStateError
+from edge_spec.errors import ConfigError
+from edge_spec.model.config import FULL, SLIDING  # noqa: F401 (re-exported: the attention kinds, spelled once)
 
-FULL = "full"
-SLIDING = "sliding"
 NEG_INF = np.float32(-1e30)  # finite: a fully masked row can never turn into NaN
 
 
@@ -75,6 +74,13 @@ def v_present_name(layer: int) -> str:
 # drafter step graph (one draft step; it reads the target's caches under the target's names k_cache.{l})
 EMBED_TABLE = "embed_table"  # [V, Ht] float32: the target's input embedding table (unscaled), shared, not copied
 OUTPUT_TABLE = "output_table"  # [V, Ht] float32: the target's output table, only when untied and head_from="target"
+# int8 / int4 bundles of a tied target: the vocabulary table once, 8-bit (llama.cpp's Q8_0 grid): w = (code - 128) * scale
+# per block of TABLE_BLOCK along Ht. The same bytes are the target's output-head weight (MatMulNBits) and the data of
+# both graphs' embedding lookups (GatherBlockQuantized): no float copy of the table anywhere
+EMBED_Q8 = "embed_table_q8"  # [V, Ht / TABLE_BLOCK, TABLE_BLOCK] uint8
+EMBED_SCALES = "embed_table_scales"  # [V * Ht / TABLE_BLOCK] float32
+TABLE_BLOCK = 32
+TARGET_TABLES = (EMBED_TABLE, EMBED_Q8, EMBED_SCALES)  # tables a target graph reads as initializers (runtimes bind them)
 DRAFT_TOKEN_IDS = "draft_token_ids"  # [N] int64 candidate ids (N = candidates per step)
 DRAFT_LOGITS = "draft_logits"  # [N] float32
 DRAFT_HIDDEN = "draft_hidden"  # [1, 1, Ht] float32, the `hidden` input of the next draft step
@@ -239,12 +245,21 @@ def target_io(layout: KVLayout, vocab_size: int, hidden_size: int) -> GraphIO:
     return GraphIO(tuple(inputs), tuple(outputs))
 
 
+def table_specs(vocab_size: int, hidden: int, quantized: bool) -> list[TensorSpec]:
+    """The shared embedding table as a drafter graph takes it: float32 [V, Ht], or the 8-bit form (EMBED_Q8)."""
+    if not quantized:
+        return [TensorSpec(EMBED_TABLE, "float32", (vocab_size, hidden))]
+    blocks = hidden // TABLE_BLOCK
+    return [TensorSpec(EMBED_Q8, "uint8", (vocab_size, blocks, TABLE_BLOCK)),
+            TensorSpec(EMBED_SCALES, "float32", (vocab_size * blocks,))]
+
+
 def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, target_hidden: int, candidates: int,
-               output_table: bool, tables: bool = True) -> GraphIO:
+               output_table: bool, tables: bool = True, quantized_table: bool = False) -> GraphIO:
     """Drafter step graph: (last token, hidden, position, masks, source-layer caches, tables) -> candidates, hidden.
     `state` binding: no caches and no tables (the program's drafter method reads the target's cache buffers and
     weights in place). `tables=False`: the graph holds the tables as constants (a Core ML package, which stores
-    weights the drafter and target functions share once)."""
+    weights the drafter and target functions share once). `quantized_table`: the table in its 8-bit form."""
     by_layer = {c.layer: c for c in layout.caches}
     kinds = sorted(sources)
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, 1)), TensorSpec(HIDDEN, "float32", (1, 1, target_hidden)),
@@ -253,7 +268,7 @@ def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, targe
     if layout.binding in CACHE_INPUTS:
         inputs += _cache_specs([by_layer[sources[kind]] for kind in kinds], (k_cache_name, v_cache_name))
     if layout.binding in CACHE_INPUTS and tables:
-        inputs.append(TensorSpec(EMBED_TABLE, "float32", (vocab_size, target_hidden)))
+        inputs += table_specs(vocab_size, target_hidden, quantized_table)
         if output_table:
             inputs.append(TensorSpec(OUTPUT_TABLE, "float32", (vocab_size, target_hidden)))
     outputs = [TensorSpec(DRAFT_TOKEN_IDS, "int64", (candidates,)), TensorSpec(DRAFT_LOGITS, "float32", (candidates,)),
@@ -304,115 +319,3 @@ def commit_slots(start: int, n: int, slots: int, ring: bool) -> tuple[np.ndarray
         rows = rows[n - slots:]
     pos = start + rows
     return rows, (pos % slots if ring else pos)
-
-
-# ---- state -------------------------------------------------------------------------------------
-class KVState:
-    """Bookkeeping of what the caches hold (the buffers themselves belong to the backend).
-
-    `length` = number of committed positions = the absolute position of the next token to commit.
-    `slot_pos[kind][s]` = the position whose key/value slot s holds (-1: empty). `io` binding: only committed rows
-    are ever written. `state` binding: every row of a forward is written (`written`), so slots may hold uncommitted
-    positions (>= length; masked) and a ring may lose committed keys to rejected drafts: `retained_from` follows
-    the rows written, and a read or rewind that needs a lost key raises instead of attending to the wrong one.
-    """
-
-    def __init__(self, layout: KVLayout):
-        self.layout = layout
-        self.length = 0
-        self.slot_pos = {kind: np.full(layout.slots(kind), -1, dtype=np.int64) for kind in layout.kinds()}
-        # kind -> every position in [retained_from, length) is still held by that kind's slots
-        self.retained_from = {kind: 0 for kind in layout.kinds()}
-
-    def check_fits(self, n_new: int) -> None:
-        if self.length + n_new > self.layout.max_context:
-            raise ContextOverflowError(
-                f"context overflow: {self.length} cached + {n_new} new tokens > max context "
-                f"{self.layout.max_context}",
-                "shorten the prompt, lower max_new_tokens, or load with a larger max_context")
-
-    def masks(self, n_new: int) -> dict[str, np.ndarray]:
-        """Masks for the next forward over `n_new` tokens: kind -> [1, 1, T, S_kind + T]."""
-        self.check_fits(n_new)
-        check_pass(self.layout, n_new)
-        self._check_window(lambda w: w - 1, "this pass")
-        query = np.arange(self.length, self.length + n_new, dtype=np.int64)
-        return {kind: attention_mask(self._committed(kind), query, self.layout.window(kind))[None, None]
-                for kind in self.layout.kinds()}
-
-    def drafter_masks(self) -> dict[str, np.ndarray]:
-        """Masks for a drafter query at position `length` over the committed caches: kind -> [1, 1, 1, S_kind]."""
-        self._check_window(lambda w: w + 1, "the drafter")
-        query = np.array([self.length], dtype=np.int64)
-        return {kind: attention_mask(self._committed(kind), query, drafter_window(self.layout.window(kind)))[None, None, :,
-                                                                                                   :self.layout.slots(kind)]
-                for kind in self.layout.kinds()}
-
-    def _committed(self, kind: str) -> np.ndarray:
-        """slot_pos with slots holding uncommitted rows (`state` binding: rejected drafts) shown empty."""
-        sp = self.slot_pos[kind]
-        return np.where(sp < self.length, sp, -1) if self.layout.binding in WRITES_ALL else sp
-
-    def _check_window(self, keys, reader: str) -> None:
-        """Refuse a read whose window reaches a ring slot already overwritten (`keys(W)` committed keys before
-        position `length` are read). Never raised by a layout sized with `ring_slots`; a smaller ring gets this
-        error instead of wrong logits."""
-        for kind in self.layout.kinds():
-            window = self.layout.window(kind)
-            if window is not None and max(0, self.length - keys(window)) < self.retained_from[kind]:
-                raise KVStateError(
-                    f"{reader} at position {self.length} reads the {kind} ring back to position "
-                    f"{max(0, self.length - keys(window))}, but its {self.layout.slots(kind)} slots were overwritten "
-                    f"up to position {self.retained_from[kind] - 1} (rows written past the committed ones)",
-                    "re-export with rings sized by kv.ring_slots for this binding and --max-pass, or reset the session")
-
-    def written(self, n: int) -> None:
-        """`state` / `shared` binding: a forward wrote n rows at positions [length, length + n) into their slots (the backend's
-        buffers now hold them, committed or not): record what each slot physically holds and what rings lost."""
-        for kind in self.layout.kinds():
-            ring = self.layout.window(kind) is not None
-            rows, slots = commit_slots(self.length, n, self.layout.slots(kind), ring)
-            self.slot_pos[kind][slots] = self.length + rows
-            if ring:
-                self.retained_from[kind] = max(self.retained_from[kind], self.length + n - self.layout.slots(kind))
-
-    def position_ids(self, n_new: int) -> np.ndarray:  # [1, T]
-        return np.arange(self.length, self.length + n_new, dtype=np.int64)[None]
-
-    def plan_commit(self, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """kind -> (rows, slots) to write for committing the first `n` new rows. Does not mutate."""
-        self.check_fits(n)
-        return {kind: commit_slots(self.length, n, self.layout.slots(kind), self.layout.window(kind) is not None)
-                for kind in self.layout.kinds()}
-
-    def advance(self, n: int, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-        for kind, (rows, slots) in plan.items():
-            self.slot_pos[kind][slots] = self.length + rows
-        self.length += n
-        for kind in self.retained_from:
-            self.retained_from[kind] = max(self.retained_from[kind], self.length - self.layout.slots(kind))
-
-    def rewind(self, pos: int) -> None:
-        """Forget positions >= pos. Raises if a sliding ring already evicted a key `pos` still needs."""
-        if not 0 <= pos <= self.length:
-            raise KVStateError(f"cannot rewind to position {pos}: the cache holds positions [0, {self.length})",
-                               "rewind to a position between 0 and the current length")
-        for kind in self.layout.kinds():
-            window = self.layout.window(kind)
-            if window is None:
-                continue
-            needed_from = max(0, pos - window + 1)  # the next query (at `pos`) sees (pos - window, pos)
-            if needed_from < self.retained_from[kind]:
-                raise KVStateError(
-                    f"cannot rewind to position {pos}: the {kind} ring ({self.layout.slots(kind)} slots) "
-                    f"already evicted position {needed_from}, which a query at {pos} must see",
-                    "re-prefill the prompt from scratch (session.reset()) instead of rewinding this far")
-        for kind, sp in self.slot_pos.items():
-            sp[sp >= pos] = -1
-        self.length = pos
-
-    def reset(self) -> None:
-        self.length = 0
-        for kind, sp in self.slot_pos.items():
-            sp[:] = -1
-            self.retained_from[kind] = 0

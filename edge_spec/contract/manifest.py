@@ -23,7 +23,7 @@ import numpy as np
 from edge_spec.errors import BundleError
 from edge_spec.contract.formats import FORMATS
 from edge_spec.contract.manifest_check import check_fields, check_tables
-from edge_spec.contract.kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, target_io
+from edge_spec.contract.kv import EMBED_Q8, OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, target_io
 
 SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
 READABLE_VERSIONS = (1, 2)  # 1: no cap per forward; its sliding layers use the split attention form
@@ -270,7 +270,8 @@ def _verify_contract(m: Manifest, path: Path) -> None:
     if "drafter" not in m.graphs:
         raise BundleError(f"{path}: the drafter entry has no drafter graph", _REEXPORT)
     expected = drafter_io(m.layout, {k: int(v) for k, v in d.kv_sharing.items()}, m.vocab_size, m.hidden_size,
-                          d.candidates_per_step, output_table=OUTPUT_TABLE in m.tables, tables=not fmt.constant_tables)
+                          d.candidates_per_step, output_table=OUTPUT_TABLE in m.tables, tables=not fmt.constant_tables,
+                          quantized_table=EMBED_Q8 in m.tables)
     _same_io(f"{path}: drafter graph", m.graphs["drafter"].io, expected)
 
 

@@ -15,6 +15,8 @@ import torch
 from safetensors import safe_open
 
 from edge_spec.model.config import REUSE, ModelConfig, from_hf_dict
+from edge_spec.model.drafter import Drafter
+from edge_spec.model.drafter_config import drafter_config_from_dict
 from edge_spec.errors import CheckpointError
 from edge_spec.model.transformer import Transformer
 from edge_spec.loading.tokenizer import Tokenizer
@@ -148,3 +150,34 @@ def load(model: str = "smollm2-135m") -> LoadedModel:
     module.eval().requires_grad_(False)
     return LoadedModel(model, folder, cfg, module, tokenizer)
 
+
+def load_drafter(folder: str | Path) -> Drafter:
+    """A drafter folder (config.json + *.safetensors, the format edge_spec.model.drafter.save_drafter writes) -> its
+    Drafter, in eval mode; the same readers as the target's."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise CheckpointError(f"drafter folder {folder} does not exist", "pass --drafter builtin or a drafter folder")
+    path, raw = read_config_json(folder, "a drafter folder")
+    module = Drafter(drafter_config_from_dict(raw, str(path)))
+    expected = module.state_dict()
+    loaded = {}
+    for key, (file, tensor) in read_safetensors(folder).items():
+        if key == "lm_head.weight":
+            continue  # tied to model.embed_tokens.weight
+        if key not in expected:
+            raise CheckpointError(f"{file}: unexpected tensor {key!r} in a drafter checkpoint",
+                                  "check that config.json belongs to these weights")
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise CheckpointError(f"{file}: tensor {key!r} has shape {tuple(tensor.shape)}, config.json implies "
+                                  f"{tuple(expected[key].shape)}", "check that config.json belongs to these weights")
+        loaded[key] = tensor if key.endswith("token_ordering") else tensor.float()
+    missing = [k for k in expected if k not in loaded and k != "lm_head.weight" and not k.endswith("layer_scalar")]
+    if missing:
+        raise CheckpointError(f"{folder}: drafter tensors missing, e.g. {missing[:3]}", "the drafter checkpoint is incomplete")
+    if "masked_embedding.token_ordering" in loaded:
+        order = loaded["masked_embedding.token_ordering"]
+        if not torch.equal(torch.sort(order).values, torch.arange(module.cfg.vocab_size)):
+            raise CheckpointError(f"{folder}: token_ordering is not a permutation of the vocabulary",
+                                  "re-run the clustering tool for this drafter")
+    module.load_state_dict(loaded, strict=False)
+    return module.eval().requires_grad_(False)

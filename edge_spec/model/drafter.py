@@ -255,39 +255,6 @@ def pair(target, drafter: Drafter) -> dict[str, int]:
     return sources
 
 
-# ---- loading ---------------------------------------------------------------------------------------
-def load_drafter(folder: str | Path) -> Drafter:
-    from edge_spec.loading.checkpoints import read_config_json, read_safetensors  # one reader for every checkpoint
-
-    folder = Path(folder).expanduser()
-    if not folder.is_dir():
-        raise CheckpointError(f"drafter folder {folder} does not exist", "pass --drafter builtin or a drafter folder")
-    path, raw = read_config_json(folder, "a drafter folder")
-    module = Drafter(drafter_config_from_dict(raw, str(path)))
-    expected = module.state_dict()
-    loaded = {}
-    for key, (file, tensor) in read_safetensors(folder).items():
-        if key == "lm_head.weight":
-            continue  # tied to model.embed_tokens.weight
-        if key not in expected:
-            raise CheckpointError(f"{file}: unexpected tensor {key!r} in a drafter checkpoint",
-                                  "check that config.json belongs to these weights")
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise CheckpointError(f"{file}: tensor {key!r} has shape {tuple(tensor.shape)}, config.json implies "
-                                  f"{tuple(expected[key].shape)}", "check that config.json belongs to these weights")
-        loaded[key] = tensor if key.endswith("token_ordering") else tensor.float()
-    missing = [k for k in expected if k not in loaded and k != "lm_head.weight" and not k.endswith("layer_scalar")]
-    if missing:
-        raise CheckpointError(f"{folder}: drafter tensors missing, e.g. {missing[:3]}", "the drafter checkpoint is incomplete")
-    if "masked_embedding.token_ordering" in loaded:
-        order = loaded["masked_embedding.token_ordering"]
-        if not torch.equal(torch.sort(order).values, torch.arange(module.cfg.vocab_size)):
-            raise CheckpointError(f"{folder}: token_ordering is not a permutation of the vocabulary",
-                                  "re-run the clustering tool for this drafter")
-    module.load_state_dict(loaded, strict=False)
-    return module.eval().requires_grad_(False)
-
-
 # ---- creating and saving (our own drafters use Google's assistant file format) -------------------
 def new_drafter(target: ModelConfig, seed: int = 0, **kwargs) -> Drafter:
     """A randomly initialised drafter for `target` (normal(0, 0.02) weights, unit norms)."""
@@ -303,8 +270,8 @@ def new_drafter(target: ModelConfig, seed: int = 0, **kwargs) -> Drafter:
 
 def save_drafter(drafter: Drafter, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write config.json + model.safetensors atomically (temp folder + rename). `dtype` (e.g. torch.bfloat16):
-    store the floating-point tensors in it (load_drafter reads them back as float32). A table_from="target" drafter
-    stores P, not its table (the table is a non-persistent buffer)."""
+    store the floating-point tensors in it (edge_spec.loading.checkpoints.load_drafter reads them back as float32).
+    A table_from="target" drafter stores P, not its table (the table is a non-persistent buffer)."""
     import os
     import shutil
 

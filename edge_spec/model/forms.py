@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from edge_spec.contract.kv import FULL
+from edge_spec.model.config import FULL
 from edge_spec.model.attention import (attend, attend_concat, attend_slots, group_mask, place_rows, slot_mask,
                                        write_rows)
 

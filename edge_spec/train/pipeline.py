@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from edge_spec.loading.checkpoints import LoadedModel
+from edge_spec.loading.checkpoints import LoadedModel, load_drafter
 from edge_spec.model.clustering import balanced_kmeans
-from edge_spec.model.drafter import load_drafter, new_drafter, pair, save_drafter
+from edge_spec.model.drafter import new_drafter, pair, save_drafter
 from edge_spec.errors import ConfigError
 from edge_spec.train import data as D
 from edge_spec.train.shard_quant import encode_arrays

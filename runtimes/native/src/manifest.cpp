@@ -229,7 +229,8 @@ void verify_contract(const Manifest& m, const std::string& path) {
   }
   if (!m.graphs.count("drafter")) throw bundle_error(path + ": the drafter entry has no drafter graph", REEXPORT);
   GraphIO expected = drafter_io(m.layout, d.kv_sharing, m.vocab_size, m.hidden_size, d.candidates_per_step,
-                                m.tables.count("output_table") > 0, !fmt->constant_tables);
+                                m.tables.count("output_table") > 0, !fmt->constant_tables,
+                                m.tables.count("embed_table_q8") > 0);
   same_io(path + ": drafter graph", m.graphs.at("drafter").io, expected);
 }
 
@@ -291,7 +292,7 @@ GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size) {
 }
 
 GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
-                   int target_hidden, int candidates, bool output_table, bool tables) {
+                   int target_hidden, int candidates, bool output_table, bool tables, bool quantized_table) {
   GraphIO io;
   io.inputs = {spec("input_ids", "int64", {"1", "1"}),
                spec("hidden", "float32", {"1", "1", std::to_string(target_hidden)}),
@@ -305,7 +306,11 @@ GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sou
           for (const char* n : {"k_cache.", "v_cache."})
             io.inputs.push_back(spec(n + std::to_string(c.layer), "float32",
                                      {"1", std::to_string(c.num_kv_heads), "S_" + c.kind, std::to_string(c.head_dim)}));
-    if (tables) {
+    if (tables && quantized_table) {  // kv.table_specs: [V, Ht / 32, 32] uint8 codes, [V * Ht / 32] float32 scales
+      const int blocks = target_hidden / 32;
+      io.inputs.push_back(spec("embed_table_q8", "uint8", {std::to_string(vocab_size), std::to_string(blocks), "32"}));
+      io.inputs.push_back(spec("embed_table_scales", "float32", {std::to_string(int64_t(vocab_size) * blocks)}));
+    } else if (tables) {
       io.inputs.push_back(spec("embed_table", "float32", {std::to_string(vocab_size), std::to_string(target_hidden)}));
       if (output_table)
         io.inputs.push_back(spec("output_table", "float32", {std::to_string(vocab_size), std::to_string(target_hidden)}));

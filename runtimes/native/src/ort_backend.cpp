@@ -32,17 +32,18 @@ using ort::io_names;
 using ort::now_s;
 using ort::tensor;
 
-// ---- a shared table: raw little-endian float32 [rows, cols], memory-mapped read-only ---------------------------
+// ---- a shared table: raw little-endian float32 or uint8 (kv.EMBED_Q8's codes), memory-mapped read-only ----------
 struct Table {
   std::string name, path;
-  std::vector<int64_t> shape;  // [V, H]
-  const float* data = nullptr;
+  std::vector<int64_t> shape;  // [V, H] float32, [V, H / 32, 32] uint8, [V * H / 32] float32 (its scales)
+  const void* data = nullptr;
   size_t bytes = 0;
+  bool u8 = false;
   Table() = default;
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
   ~Table() {
-    if (data) ::munmap(const_cast<float*>(data), bytes);
+    if (data) ::munmap(const_cast<void*>(data), bytes);
   }
 };
 
@@ -56,11 +57,12 @@ std::unique_ptr<Table> map_table(const std::string& folder, const Manifest& m, c
     t->shape.push_back(d.as_int());
     count *= size_t(d.as_int());
   }
-  if (entry.at("dtype").as_string() != "float32")
-    throw bundle_error(t->path + ": table '" + name + "' is " + entry.at("dtype").as_string() +
-                           ", the onnx backend reads float32 tables",
+  const std::string dtype = entry.at("dtype").as_string();
+  if (dtype != "float32" && dtype != "uint8")
+    throw bundle_error(t->path + ": table '" + name + "' is " + dtype + ", the onnx backend reads float32 and uint8 tables",
                        FIX);
-  t->bytes = count * sizeof(float);
+  t->u8 = dtype == "uint8";
+  t->bytes = count * (t->u8 ? 1 : sizeof(float));
   const int fd = ::open(t->path.c_str(), O_RDONLY);
   struct stat st;
   if (fd < 0 || ::fstat(fd, &st) != 0 || size_t(st.st_size) != t->bytes) {
@@ -71,7 +73,7 @@ std::unique_ptr<Table> map_table(const std::string& folder, const Manifest& m, c
   void* p = ::mmap(nullptr, t->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) throw backend_error(t->path + ": cannot memory-map the table", "check free memory / ulimit -v");
-  t->data = static_cast<const float*>(p);
+  t->data = p;
   return t;
 }
 
@@ -174,7 +176,10 @@ struct Runtime {  // the Env and the tables outlive both sessions
 };
 
 Ort::Value table_tensor(const Runtime& rt, const Table& t) {  // onnxruntime never writes an input or initializer
-  return ort::tensor(rt.cpu, const_cast<float*>(t.data), t.shape);
+  if (t.u8)
+    return Ort::Value::CreateTensor(rt.cpu, const_cast<void*>(t.data), t.bytes, t.shape.data(), t.shape.size(),
+                                    ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8);
+  return ort::tensor(rt.cpu, static_cast<float*>(const_cast<void*>(t.data)), t.shape);
 }
 
 // runtimes/ort.py make_session: sequential, all graph optimisations, errors-only logging, spinning as asked.
@@ -400,12 +405,16 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_sessio
   auto rt = std::make_shared<Runtime>();
   rt->env = std::make_unique<Ort::Env>(ORT_LOGGING_LEVEL_ERROR, "edge-spec");
   for (const auto& t : m.tables) rt->tables[t.first] = map_table(folder, m, t.first);
-  if (!rt->tables.count("embed_table"))
+  // the tables the target graph reads as initializers (kv.TARGET_TABLES): every table but the drafter's output_table
+  std::vector<std::string> target_tables;
+  for (const auto& t : rt->tables)
+    if (t.first != "output_table") target_tables.push_back(t.first);
+  if (!rt->tables.count("embed_table") && !rt->tables.count("embed_table_q8"))
     throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the onnx bundle has no embed_table", FIX);
   const GraphEntry& entry = m.graphs.at("target");
   const std::string path = join_path(folder, entry.file);
   // the target spins between steps (the Python runtime's default), the drafter never does (runtimes/ort.py)
-  Ort::Session target = make_session(*rt, path, threads, /*spin=*/true, {"embed_table"});
+  Ort::Session target = make_session(*rt, path, threads, /*spin=*/true, target_tables);
   check_graph_io(target, entry.io, path);
   const std::string identity = "onnxruntime " + Ort::GetVersionString() + " (native), CPUExecutionProvider, " +
                                (threads ? std::to_string(threads) : std::string("default")) + " intra-op threads";

@@ -104,6 +104,7 @@ std::string type_name(ONNXTensorElementDataType type) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "uint8";
     default: return "element type " + std::to_string(int(type));
   }
 }

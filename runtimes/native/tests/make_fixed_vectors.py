@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from edge_spec.contract import kv
+from edge_spec.contract.kv_state import KVState
 from edge_spec.errors import EdgeSpecError
 from edge_spec.runtimes import fixed
 
@@ -109,7 +110,7 @@ def _case(name: str, layout: kv.KVLayout, max_draft_len: int, seed: int, steps: 
     backend = fixed.FixedBackend(functions, layout, slots, "vectors", name="coreml", feature=kv.feature_name, fix=FIX)
     sources = {kv.FULL: layout.caches[-1].layer} if not state_binding else {kv.SLIDING: 0}
     drafter = fixed.FixedDrafter(_drafter(drafted), backend, sources)
-    state = kv.KVState(layout)
+    state = KVState(layout)
     ops = []
     for _ in range(steps):
         roll = rng.random()

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 from edge_spec.contract import kv
+from edge_spec.contract.kv_state import KVState
 from edge_spec.errors import EdgeSpecError
 
 VERSION = 1
@@ -51,7 +52,7 @@ def _snapshot(state: kv.KVState) -> dict:
 
 def _case(name: str, layout: kv.KVLayout, seed: int, steps: int = 45) -> dict:
     rng = np.random.default_rng(seed)
-    state = kv.KVState(layout)
+    state = KVState(layout)
     cap = layout.max_pass or 6
     ops = []
     pending = 0  # rows of the last forward not yet committed (commit takes at most these)

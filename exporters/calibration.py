@@ -1,5 +1,6 @@
-"""Export-time calibration data: the shipped bench prompts as the target's own token ids, and what exporters
-measure on them in eager fp32 (e.g. the residual stream's peak, for fp16 programs: edge_spec.model.headroom).
+"""Export-time calibration data, shared by the exporters: the shipped bench prompts as the target's own token ids,
+and what the exporters measure on them in eager fp32 with the reference runtime (e.g. the residual stream's peak,
+for fp16 programs: edge_spec.model.headroom).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 from edge_spec.contract.backend import Session
 from edge_spec.loading.checkpoints import LoadedModel
 from edge_spec.model import headroom
-from edge_spec.model.config import kv_layout
+from edge_spec.contract.layout import kv_layout
 
 STREAM_PROMPTS = 3  # bench prompts the fp16 stream peak is measured on (gemma-3-270m: ~1 s each, eager)
 STREAM_TOKENS = 96  # each prompt's first tokens (chat prompts: the template's tokens included)
