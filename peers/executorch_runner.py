@@ -30,7 +30,7 @@ import numpy as np
 from edge_spec.errors import ConfigError
 from edge_spec.logs import IMPORT_NOISE, quiet
 
-from .times import PeerTimes
+from .times import PeerTimes, disk_bytes
 
 # fp32 only: ExecuTorch 1.5.1's export_llama fails on 8da4w with this torch / torchao (measured 2026-12-01: the
 # legacy `-qmode 8da4w` trips a dequantize_affine dtype assertion while re-exporting, `-qmode torchao:8da4w` needs
@@ -196,6 +196,7 @@ class ExecutorchRunnerPeer(PeerTimes):
                     s.inference_end_ms / 1000)
 
     def result(self) -> dict:
-        return {"peer": "executorch", "model": self.pte.parent.name, "precision": self.precision, **self.timing(),
+        return {"peer": "executorch", "model": self.pte.parent.name, "precision": self.precision,
+                "model_bytes": disk_bytes(self.pte), **self.timing(),
                 "prompt_tokens": int(np.sum(self.prompt_tokens)), "runner": "TextLLMRunner (executorch 1.5.1)"}
 

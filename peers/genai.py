@@ -14,7 +14,7 @@ import numpy as np
 
 from edge_spec.errors import ConfigError
 
-from .times import PeerTimes
+from .times import PeerTimes, disk_bytes
 
 from . import GENAI_PRECISIONS
 
@@ -100,4 +100,5 @@ class OrtGenaiPeer(PeerTimes):
 
     def result(self) -> dict:
         return {"peer": "onnxruntime-genai", "model": self.model_dir.name, "precision": self.precision,
+                "model_bytes": disk_bytes(self.model_dir),
                 **self.timing(), "onnxruntime_genai": self.og.__version__}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edge_spec.errors import ConfigError
 
-from .times import PeerTimes
+from .times import PeerTimes, disk_bytes
 
 def _require_llama_cpp() -> None:
     try:
@@ -68,6 +68,7 @@ class LlamaCppPeer(PeerTimes):
 
     def result(self) -> dict:
         return {"peer": "llama.cpp", "model": self.gguf.name, "precision": self.label or _gguf_type(self.gguf),
+                "model_bytes": disk_bytes(self.gguf),
                 **self.timing(), "extra_bufts": self.extra_bufts,
                 "llama_cpp_python": __import__("llama_cpp").__version__}
 

@@ -9,6 +9,16 @@ import numpy as np
 SETTLE_S = 0.2  # pause when switching between our engine and a peer: both spin-wait idle threads for a while
 
 
+def disk_bytes(path) -> int:
+    """Bytes on disk of a model file or folder (every file under it, as `du -sb` counts them): what a user ships."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
 class PeerTimes:
     """Decode-time bookkeeping shared by the peers: first-token latency and decode tok/s after the first token."""
 

@@ -56,6 +56,7 @@ def test_bench_writes_json_markdown_and_plot(bundles, tmp_path, capsys):
         assert r["time_split"]["plain"]["drafter"] == 0.0 and r["time_split"]["spec"]["drafter"] > 0  # MTP only
         assert r["lookup_share"] == 0.0
         assert r["peak_rss_mb"] > 10
+        assert r["bundle_bytes"] == sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
         assert r["drafter_step_share"] == pytest.approx(r["drafter_step_ms"] / r["target_step_ms"])
     greedy = [r for r in rows if r["temperature"] == 0]
     assert all(r["greedy_exact"] and r["greedy_exact_prompts"] == 2 for r in greedy)  # lossless, via the bench
@@ -191,6 +192,8 @@ def test_onnxruntime_genai_peer_decodes_the_same_model(bundles, tiny_llama, tmp_
     assert "| onnxruntime-genai |" in capsys.readouterr().out
     (genai,) = [r for r in json.loads(out.read_text()) if "peer" in r]
     assert genai["peer"] == "onnxruntime-genai" and genai["precision"] == "fp32" and genai["tokens"] == 2 * 5
+    folder = next((tmp_path / "peers").rglob("genai_config.json")).parent  # the peer's own model folder, as du counts
+    assert genai["model_bytes"] == sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) > 0
 
 
 def test_onnxruntime_genai_peer_builds_a_gemma3_checkpoint(tmp_path):

@@ -158,7 +158,8 @@ fun main(args: Array<String>) {
         if (++read == 3) stream.cancel()
     }
     val streamResult = stream.result()
-    check(streamResult.stats.cancelled && read in 3..5, "TokenStream.cancel() ends the iterator (read $read)")
+    // at most what was queued (the buffer's token + its end slot) and the one put in flight when cancel() landed
+    check(streamResult.stats.cancelled && read in 3..6, "TokenStream.cancel() ends the iterator (read $read)")
     fields["stream_cancel_read"] = read.toString()
 
     // the runner stays usable after cancels: same greedy tokens again

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_spec.errors import ConfigError
-from edge_spec.peers.times import SETTLE_S
+from edge_spec.peers.times import SETTLE_S, disk_bytes
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "bench.jsonl"
 
@@ -242,11 +242,16 @@ def markdown(rows: list[dict], peers: list[dict], meta: dict) -> str:
                      f"{_fmt(r['spec_tok_s'])} | {_fmt(r['speedup'], '.2f')}x | {_fmt(r['tau'], '.2f')} | {acc} | "
                      f"{sp['drafter']:.0%} / {sp['target']:.0%} / {sp['overhead']:.0%} | "
                      f"{r['python_overhead_plain']:.0%} | {_steps(r)} | {r['first_token_ms']['spec']:.0f} | {exact} |")
+    if meta.get("bundle_bytes"):
+        lines += ["", f"Bundle on disk: {meta['bundle_bytes'] / 1e6:.1f} MB; peak resident memory of this process "
+                      f"{max(r['peak_rss_mb'] for r in rows):.0f} MB (peers decoded in it too when listed)."]
     if peers:
-        lines += ["", "| peer | model | precision | plain tok/s | first token ms |", "|---|---|---|---|---|"]
+        lines += ["", "| peer | model | precision | plain tok/s | first token ms | model MB on disk |",
+                  "|---|---|---|---|---|---|"]
         for p in peers:
+            size = f"{p['model_bytes'] / 1e6:.1f}" if p.get("model_bytes") else "-"
             lines.append(f"| {p['peer']} | {p['model']} | {p['precision']} | {p['tok_s']:.1f} | "
-                         f"{p['first_token_ms']:.0f} |")
+                         f"{p['first_token_ms']:.0f} | {size} |")
     return "\n".join(lines) + "\n"
 
 
@@ -326,7 +331,9 @@ def report(args, rows: list[dict], peers: list[dict], n_prompts: int, exactness:
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "spin": not args.no_spin,
             "threads": args.threads or os.cpu_count(), "prompts": n_prompts * args.repeats,
             "max_new_tokens": args.max_new_tokens, "command": "edge-spec " + " ".join(sys.argv[1:]),
-            "exactness": exactness}
+            "exactness": exactness, "bundle_bytes": disk_bytes(args.bundle) if args.bundle else None}
+    for r in rows:
+        r["bundle_bytes"] = meta["bundle_bytes"]
     table = markdown(rows, peers, meta)
     print(table)
     if args.json:

@@ -227,8 +227,11 @@ class TokenStream internal constructor(
     private var end: Any? = null // Done or Failed, once taken from the queue
     private val worker = Thread({
         try {
-            val generation = runner.run(prompt, ids, options, { id, text -> events.put(Token(id, text)); true },
-                                        { cancelled })
+            // after cancel() no token is queued and the run stops at the next one (a verify pass may emit several)
+            val generation = runner.run(prompt, ids, options, { id, text ->
+                if (!cancelled) events.put(Token(id, text))
+                !cancelled
+            }, { cancelled })
             events.put(Done(generation))
         } catch (error: Throwable) {
             events.put(Failed(error))
