@@ -35,7 +35,8 @@ TOKENS = 40
 # ---- the build and the bundles ---------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def native():
-    """build/native/{edge-spec-run, c_api_test, kv_vectors_test}, configured and built as `make native` does."""
+    """build/native/{edge-spec-run, edge-spec-run-test (with the test hooks), c_api_test, kv_vectors_test},
+    configured and built as `make native` does."""
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         skip_or_fail(f"{' and '.join(missing)} not found: the native runner cannot be built here "
@@ -95,8 +96,10 @@ def bundle(request):
 
 
 def run(native, folder, ids, *flags, check=True):
-    """edge-spec-run --json on token ids -> its JSON line (or the CompletedProcess when check=False)."""
-    command = [str(native / "edge-spec-run"), "--bundle", str(folder), "--prompt-ids", ",".join(map(str, ids)),
+    """edge-spec-run --json on token ids -> its JSON line (or the CompletedProcess when check=False). The test-only
+    flags (--test-oracle-drafts, --test-wrong) run the test build, edge-spec-run-test: edge-spec-run has no hooks."""
+    binary = "edge-spec-run-test" if any(str(f).startswith("--test-") for f in flags) else "edge-spec-run"
+    command = [str(native / binary), "--bundle", str(folder), "--prompt-ids", ",".join(map(str, ids)),
                "--threads", "2", "--json", *flags]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if not check:

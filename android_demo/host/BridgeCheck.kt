@@ -73,7 +73,7 @@ fun main(args: Array<String>) {
     val fields = LinkedHashMap<String, String>()
     val t0 = System.nanoTime()
 
-    check(EdgeSpecRunner.apiVersion == 1, "apiVersion == 1")
+    check(EdgeSpecRunner.apiVersion == 2, "apiVersion == 2")
     fields["api_version"] = EdgeSpecRunner.apiVersion.toString()
 
     // errors from open: a missing folder, a damaged bundle - the runner's message, as an exception

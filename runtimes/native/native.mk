@@ -7,8 +7,9 @@
 #
 #   make native                 configure + build (Release, 2 jobs: NATIVE_JOBS=N to change)
 #   make native-test            build, then the native runner's tests (tiny bundles; tests/test_native.py,
-#                               tests/test_native_ort.py, tests/test_native_qnn.py and tests/test_bench_native.py:
-#                               edge-spec bench --runtime native)
+#                               tests/test_native_ort.py, tests/test_native_qnn.py, tests/test_native_hardening.py
+#                               and tests/test_bench_native.py: edge-spec bench --runtime native); the oracle-drafter
+#                               tests run edge-spec-run-test, the CLI built with the test hooks beside edge-spec-run
 NATIVE_BUILD ?= build/native
 NATIVE_JOBS  ?= 2
 NATIVE_CMAKE_ARGS ?=
@@ -25,4 +26,4 @@ native: venv
 
 native-test: native
 	$(BIN)/python -m pytest -q tests/test_native.py tests/test_native_ort.py tests/test_native_qnn.py \
-	  tests/test_bench_native.py -m "not real"
+	  tests/test_native_hardening.py tests/test_bench_native.py tests/test_contract_header.py -m "not real"

@@ -73,7 +73,7 @@ public final class EdgeSpecRunner: @unchecked Sendable {
     /// Opens a bundle folder (manifest.json + artifacts from `edge-spec export`) and runs the host check.
     public init(bundle: URL, threads: Int32 = 0, verifyChecksums: Bool = true, hostCheck: Bool = true) throws {
         var o = es_open_options()
-        es_default_open_options(&o)
+        _ = es_open_options_init(&o) // struct_size = the header's size (API version 2), the defaults
         o.threads = threads
         o.verify_checksums = verifyChecksums ? 1 : 0
         o.host_check = hostCheck ? 1 : 0

@@ -18,7 +18,9 @@
 extern "C" {
 #endif
 
-#define ES_API_VERSION 1
+/* 2: es_open_options starts with struct_size (es_open_options_init sets it; es_open refuses a size it does not know
+   with ES_ERR_VERSION), so fields can be appended without breaking apps compiled against an older header. */
+#define ES_API_VERSION 2
 
 typedef enum es_status {
   ES_OK = 0,
@@ -28,19 +30,24 @@ typedef enum es_status {
   ES_ERR_CONTEXT = 4,    /* the prompt plus max_new_tokens does not fit the bundle's context */
   ES_ERR_ENCODING = 5,   /* the prompt is not valid UTF-8 */
   ES_ERR_CANCELLED = 6,  /* es_cancel() stopped the run; the tokens emitted so far were delivered */
-  ES_ERR_INTERNAL = 7
+  ES_ERR_INTERNAL = 7,
+  ES_ERR_VERSION = 8     /* es_open_options.struct_size is not a size this library knows (an app compiled against
+                            another edge_spec.h, or options not started with es_open_options_init) */
 } es_status;
 
 typedef struct es_runner es_runner; /* opaque */
 
 typedef struct es_open_options {
-  int32_t threads;          /* 0: the backend's default */
+  size_t struct_size;       /* first, always: sizeof(es_open_options) as the caller compiled it. es_open_options_init
+                               sets it (with the defaults below); es_open refuses any size it does not know with
+                               ES_ERR_VERSION. New fields are appended after the last one, never inserted. */
+  int32_t threads;          /* 0: the backend's default; more than the device's cores: capped at the core count
+                               (std::thread::hardware_concurrency); < 0: ES_ERR_ARGUMENT */
   int32_t verify_checksums; /* 1 (default): sha256 of every file the runner loads, as the Python runtime does */
   int32_t host_check;       /* 1 (default): run the exactness check on this device's kernels at open; spec off
                                (with a notice in es_stats.notice) where verify rows != decode steps */
   const char* compute_units; /* coreml bundles (macOS 15 / iOS 18 builds): "all" | "cpu_and_ne" | "cpu_and_gpu" |
-                               "cpu"; NULL or "" (default): all. Refused for other formats. Added after threads,
-                               verify_checksums and host_check: fill the struct with es_default_open_options first */
+                               "cpu"; NULL or "" (default): all. Refused for other formats */
 } es_open_options;
 
 typedef struct es_generate_options {
@@ -75,10 +82,20 @@ typedef struct es_stats {
    multi-byte character: its replacement text); a token_id of -1 is never a token. */
 typedef int (*es_token_callback)(void* user, int32_t token_id, const char* text_utf8);
 
-void es_default_open_options(es_open_options* out);
+/* The defaults into an es_open_options of `struct_size` bytes (sizeof(es_open_options) where the caller was
+   compiled), struct_size set to it; a size this library does not know: ES_ERR_VERSION and nothing written. Call it
+   through es_open_options_init, which passes the caller's sizeof. */
+es_status es_open_options_defaults(es_open_options* out, size_t struct_size);
+/* Starts an es_open_options: every field's default and struct_size = this header's sizeof(es_open_options). */
+static inline es_status es_open_options_init(es_open_options* out) {
+  return es_open_options_defaults(out, sizeof(*out));
+}
+/* API version 1's name for es_open_options_init (the same call; the status is ES_OK for this header's struct). */
+static inline void es_default_open_options(es_open_options* out) { (void)es_open_options_defaults(out, sizeof(*out)); }
 void es_default_generate_options(es_generate_options* out);
 
-/* Opens the bundle folder. On failure *out is NULL and the message is in es_open_error() (thread-local). */
+/* Opens the bundle folder. `options`: started with es_open_options_init (NULL: the defaults). On failure *out is
+   NULL and the message is in es_open_error() (thread-local). */
 es_status es_open(const char* bundle_dir, const es_open_options* options, es_runner** out);
 const char* es_open_error(void);
 

@@ -153,12 +153,15 @@ es_status run(es_runner* r, const std::vector<int64_t>& ids, const es_generate_o
 
 extern "C" {
 
-void es_default_open_options(es_open_options* out) {
-  if (!out) return;
+es_status es_open_options_defaults(es_open_options* out, size_t struct_size) {
+  if (!out) return ES_ERR_ARGUMENT;
+  if (struct_size != sizeof(es_open_options)) return ES_ERR_VERSION;  // the one size API version 2 knows
+  out->struct_size = struct_size;
   out->threads = 0;
   out->verify_checksums = 1;
   out->host_check = 1;
   out->compute_units = nullptr;
+  return ES_OK;
 }
 
 void es_default_generate_options(es_generate_options* out) {
@@ -185,8 +188,15 @@ es_status es_open(const char* bundle_dir, const es_open_options* options, es_run
     g_open_error = "es_open: bundle_dir is NULL";
     return ES_ERR_ARGUMENT;
   }
+  if (options && options->struct_size != sizeof(es_open_options)) {
+    g_open_error = "es_open: es_open_options.struct_size is " + std::to_string(options->struct_size) +
+                   ", this library (API version " + std::to_string(ES_API_VERSION) + ") knows " +
+                   std::to_string(sizeof(es_open_options)) + " only\n  fix: start the options with "
+                   "es_open_options_init(&options) and build against the edge_spec.h of the library you load";
+    return ES_ERR_VERSION;
+  }
   es_open_options defaults;
-  es_default_open_options(&defaults);
+  es_open_options_init(&defaults);
   const es_open_options& o = options ? *options : defaults;
   std::unique_ptr<es_runner> r(new (std::nothrow) es_runner());
   if (!r) {

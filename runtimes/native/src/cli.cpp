@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli_args.h"
 #include "engine.h"
 #include "errors.h"
 #include "json.h"
@@ -21,131 +23,18 @@
 
 namespace {
 
-const char* const USAGE =
-    "usage: edge-spec-run --bundle DIR (--prompt TEXT | --prompt - | --prompt-ids 1,2,3) [options]\n"
-    "  --chat                  wrap the prompt in the bundle's chat template (needs the tokenizer)\n"
-    "  --max-new-tokens N      tokens to generate (default 128)\n"
-    "  --temperature T         0 = greedy (default)\n"
-    "  --top-k K --top-p P     sampling filters (0 / 1 = off)\n"
-    "  --seed S                the portable RNG's seed (default 0)\n"
-    "  --spec-k K              draft tokens per target pass (the maximum with --adaptive; default 4)\n"
-    "  --adaptive | --fixed-k  pick k per step from measured costs (default) | always draft k\n"
-    "  --min-confidence C      adaptive: stop a burst below this drafter confidence (default 0.3)\n"
-    "  --no-spec               plain decoding even when the bundle has a drafter\n"
-    "  --no-lookup             no prompt-lookup (retrieval) drafting\n"
-    "  --ignore-eos            generate max-new-tokens even past an end-of-sequence token\n"
-    "  --threads N             intra-op threads: XNNPACK's (executorch), onnxruntime's (onnx, qnn); default: the runtime's\n"
-    "  --compute-units U       coreml bundles: all (default) | cpu_and_ne | cpu_and_gpu | cpu (Core ML's devices)\n"
-    "  --provider qnn|cpu      qnn bundles: the HTP through onnxruntime's QNN EP (default; simulated on x86-64) | the\n"
-    "                          QDQ graphs on onnxruntime's CPU provider (also $EDGE_SPEC_QNN_PROVIDER)\n"
-    "  --qnn-ep PATH           the QNN EP plugin (libonnxruntime_providers_qnn.so; default: $EDGE_SPEC_QNN_EP, else the\n"
-    "                          onnxruntime-qnn wheel's found at build time)\n"
-    "  --no-host-check         skip the exactness probe at open\n"
-    "  --no-checksums          skip the sha256 of the bundle's files\n"
-    "  --check                 print the host check's verdict (JSON) and exit\n"
-    "  --fresh-check           probe again even when a cached verdict exists\n"
-    "  --json                  print one JSON line (tokens, stats) instead of the text\n"
-    "  --quiet                 print only the final text / ids, no streaming\n"
-  "  --requests -            open once, then one generation per stdin line (its flags; --prompt-ids), one --json\n"
-  "                          line each, after a first line {runtime, host_check, min_rows} (a driver's protocol)\n"
-    "tests only:\n"
-    "  --test-oracle-drafts IDS --test-wrong never|always|third|random\n"
-    "                          replace the drafter by one proposing IDS (the known continuation), wrong where told\n";
+using es_cli::Args;
+using es_cli::parse;
+using es_cli::SEE_HELP;
+using es_cli::stand_in_drafter;
 
-[[noreturn]] void usage_error(const std::string& what) {
-  std::fprintf(stderr, "error: %s\n%s", what.c_str(), USAGE);
-  std::exit(2);
-}
-
-std::vector<int64_t> parse_ids(const std::string& text) {
-  std::vector<int64_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    char* end = nullptr;
-    long long v = std::strtoll(item.c_str(), &end, 10);
-    if (*end) usage_error("--prompt-ids takes comma-separated integers, got '" + item + "'");
-    ids.push_back(v);
-  }
-  return ids;
-}
+const char* const INTERNAL_FIX =
+    "check that the bundle's files are readable; if it persists, report it with the command line";
 
 std::string ids_json(const std::vector<int64_t>& ids) {
   std::string out = "[";
   for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
   return out + "]";
-}
-
-struct Args {
-  std::string bundle, prompt, prompt_ids, oracle_ids, wrong = "never";
-  bool has_prompt = false, has_ids = false, chat = false, json = false, quiet = false, check = false;
-  bool requests = false;  // --requests -: generation requests on stdin
-  es::OpenOptions open;
-  es::GenerateOptions gen;
-};
-
-// `request`: one line of --requests (generation flags only; no --bundle)
-Args parse(int argc, char** argv, bool request = false) {
-  Args a;
-  a.gen.adaptive = true;  // as `edge-spec generate`
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(f + " needs a value");
-      return argv[++i];
-    };
-    auto number = [&]() -> double {
-      std::string v = value();
-      char* end = nullptr;
-      double d = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end) usage_error(f + " takes a number, got '" + v + "'");
-      return d;
-    };
-    if (f == "--help" || f == "-h") { std::fputs(USAGE, stdout); std::exit(0); }
-    else if (f == "--bundle") a.bundle = value();
-    else if (f == "--prompt") { a.prompt = value(); a.has_prompt = true; }
-    else if (f == "--prompt-ids") { a.prompt_ids = value(); a.has_ids = true; }
-    else if (f == "--chat") a.chat = true;
-    else if (f == "--max-new-tokens") a.gen.max_new_tokens = int(number());
-    else if (f == "--temperature") a.gen.sampling.temperature = number();
-    else if (f == "--top-k") a.gen.sampling.top_k = int(number());
-    else if (f == "--top-p") a.gen.sampling.top_p = number();
-    else if (f == "--seed") a.gen.seed = uint64_t(std::strtoull(value().c_str(), nullptr, 10));
-    else if (f == "--spec-k") a.gen.spec_k = int(number());
-    else if (f == "--adaptive") a.gen.adaptive = true;
-    else if (f == "--fixed-k") a.gen.adaptive = false;
-    else if (f == "--min-confidence") a.gen.min_confidence = number();
-    else if (f == "--no-spec") a.gen.spec = false;
-    else if (f == "--no-lookup") a.gen.lookup = false;
-    else if (f == "--ignore-eos") a.gen.ignore_eos = true;
-    else if (f == "--threads") a.open.threads = int(number());
-    else if (f == "--compute-units") a.open.compute_units = value();
-    else if (f == "--provider" && !request) a.open.provider = value();
-    else if (f == "--qnn-ep" && !request) a.open.qnn_ep = value();
-    else if (f == "--no-host-check") a.open.host_check = false;
-    else if (f == "--no-checksums") a.open.verify_checksums = false;
-    else if (f == "--check") a.check = true;
-    else if (f == "--fresh-check") a.open.fresh_check = true;
-    else if (f == "--json") a.json = true;
-    else if (f == "--quiet") a.quiet = true;
-    else if (f == "--requests" && !request) {
-      if (value() != "-") usage_error("--requests takes '-' (the requests come on stdin)");
-      a.requests = true;
-    }
-    else if (f == "--test-oracle-drafts") a.oracle_ids = value();
-    else if (f == "--test-wrong") a.wrong = value();
-    else usage_error("unknown option " + f);
-  }
-  if (request) {
-    if (!a.has_ids || a.has_prompt) usage_error("a --requests line needs --prompt-ids (and no --prompt)");
-  } else if (a.bundle.empty()) {
-    usage_error("--bundle is required");
-  } else if (!a.check && !a.requests && a.has_prompt == a.has_ids) {
-    usage_error("pass exactly one of --prompt and --prompt-ids");
-  }
-  if (!a.oracle_ids.empty()) a.gen.oracle = es::OracleDrafts{parse_ids(a.oracle_ids), a.wrong};
-  return a;
 }
 
 // While alive, what the process writes to stdout goes to stderr: the QNN libraries print a line to stdout when they
@@ -213,8 +102,26 @@ std::string result_json(es::Engine& engine, const es::Generation& g, const Kerne
          ",\"host_check\":" + (engine.exactness() ? es::json_quote(engine.exactness()->label()) : "\"skipped\"");
 }
 
-// --requests -: the host check's verdict first, then one JSON line per stdin line (a request's own error is a
-// {"error": ...} line; the loop goes on).
+// What main prints for an error: `error: WHAT` and its `fix:` line (an Error without a fix gets one from its kind).
+int report(const std::string& what, const std::string& fallback_fix) {
+  const bool has_fix = what.find("\n  fix: ") != std::string::npos;
+  std::fprintf(stderr, "error: %s\n", what.c_str());
+  if (!has_fix) std::fprintf(stderr, "  fix: %s\n", fallback_fix.c_str());
+  return 2;
+}
+
+std::string fix_for(es::Code code) {
+  switch (code) {
+    case es::Code::Argument: return SEE_HELP;
+    case es::Code::Bundle: return "re-run `edge-spec export` into a fresh --out folder";
+    case es::Code::Context: return "shorten the prompt, or lower --max-new-tokens";
+    default: return INTERNAL_FIX;
+  }
+}
+
+// --requests -: the host check's verdict first, then one JSON line per stdin line. A line the runner cannot take (junk,
+// a bad flag, a request the engine refuses) is answered {"error": ..., "line": N} and the loop goes on; an input with
+// no request at all is an error (exit 2).
 int serve(es::Engine& engine) {
   const auto& hc = engine.exactness();
   std::printf("{\"runtime\":%s,\"min_rows\":%d,\"host_check\":%s,\"host_check_summary\":%s}\n",
@@ -222,15 +129,19 @@ int serve(es::Engine& engine) {
               hc ? hc->to_json().c_str() : "null", hc ? es::json_quote(hc->summary()).c_str() : "null");
   std::fflush(stdout);
   std::string line;
+  int number = 0, requests = 0;
   while (std::getline(std::cin, line)) {
+    ++number;
     std::istringstream words(line);
     std::vector<std::string> argv_s = {"edge-spec-run"};
     for (std::string w; words >> w;) argv_s.push_back(w);
     if (argv_s.size() == 1) continue;
+    ++requests;
     std::vector<char*> argv;
     for (auto& w : argv_s) argv.push_back(&w[0]);
-    Args a = parse(int(argv.size()), argv.data(), true);
+    std::string error;
     try {
+      Args a = parse(int(argv.size()), argv.data(), true);
       KernelMarks marks;
       bool first = true;
       auto on_token = [&](int64_t) {
@@ -241,21 +152,40 @@ int serve(es::Engine& engine) {
         }
         return true;
       };
-      es::Generation g = engine.generate(parse_ids(a.prompt_ids), a.gen, on_token);
+      std::unique_ptr<es::DrafterBackend> stand_in = stand_in_drafter(a, engine, a.ids.size());
+      es::Generation g = engine.generate(a.ids, a.gen, on_token);
       std::printf("%s}\n", result_json(engine, g, marks).c_str());
     } catch (const es::Error& err) {
-      std::printf("{\"error\":%s}\n", es::json_quote(err.what()).c_str());
+      error = err.what();
+      if (error.find("\n  fix: ") == std::string::npos) error += "\n  fix: " + fix_for(err.code);
+    } catch (const std::bad_alloc&) {
+      error = "out of memory for this request\n  fix: lower --max-new-tokens, or close other programs";
+    } catch (const std::exception& err) {
+      error = std::string(err.what()) + "\n  fix: " + INTERNAL_FIX;
     }
+    if (!error.empty()) std::printf("{\"error\":%s,\"line\":%d}\n", es::json_quote(error).c_str(), number);
     std::fflush(stdout);
   }
+  if (requests == 0)
+    throw es::config_error(
+        "--requests -: stdin ended without a request (" + std::string(number ? "only blank lines" : "empty input") + ")",
+        "send one request per line, e.g. `--prompt-ids 1,2,3 --max-new-tokens 16`, then close stdin");
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a = parse(argc, argv);
+  Args a;
   try {
+    a = parse(argc, argv);
+  } catch (const es::Error& err) {
+    return report(err.what(), fix_for(err.code));
+  }
+  try {
+    std::string notice;
+    a.open.threads = es::cap_threads(a.open.threads, &notice);
+    if (!notice.empty()) std::fprintf(stderr, "notice: %s\n", notice.c_str());
     std::unique_ptr<es::Engine> engine;
     {
       StdoutToStderr quiet;  // the backend's libraries may print while they load (and the host check runs)
@@ -271,8 +201,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<es::TextCodec> text;
     std::vector<int64_t> prompt;
     if (a.has_ids) {
-      if (a.chat) usage_error("--chat applies to --prompt text, not --prompt-ids");
-      prompt = parse_ids(a.prompt_ids);
+      prompt = a.ids;
     } else {
       text = es::TextCodec::open(a.bundle, engine->manifest());
       std::string raw = a.prompt == "-" ? read_stdin() : a.prompt;
@@ -295,6 +224,7 @@ int main(int argc, char** argv) {
       }
       return true;
     };
+    std::unique_ptr<es::DrafterBackend> stand_in = stand_in_drafter(a, *engine, prompt.size());
     es::Generation g = engine->generate(prompt, a.gen, on_token);
     const es::GenerationResult& r = g.result;
     std::vector<int64_t> shown;
@@ -323,10 +253,10 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const es::Error& err) {
-    std::fprintf(stderr, "error: %s\n", err.what());
-    return 2;
+    return report(err.what(), fix_for(err.code));
+  } catch (const std::bad_alloc&) {
+    return report("out of memory", "close other programs, or use a smaller bundle (a smaller --max-context at export)");
   } catch (const std::exception& err) {
-    std::fprintf(stderr, "error: %s\n", err.what());
-    return 1;
+    return report(err.what(), INTERNAL_FIX);
   }
 }

@@ -14,10 +14,13 @@
 
 #include <exception>
 
+#include "contract_names.h"
 #include "coreml_model.h"
 #include "fixed.h"
 
 namespace es {
+
+using namespace contract;  // the graph IO names and formats (contract_names.h, generated)
 
 namespace {
 
@@ -45,7 +48,10 @@ auto pooled(F&& body) -> decltype(body()) {
   return result;
 }
 
-bool is_mask(const std::string& contract) { return contract.compare(0, 5, "mask.") == 0; }
+bool is_mask(const std::string& name) {
+  const std::string prefix = mask_name("");
+  return name.compare(0, prefix.size(), prefix) == 0;
+}
 
 // The target function at length t: the manifest's inputs and outputs at their fixed dims; `state`: masks in the slot
 // form [1, 1, T, S_f] and the write slots [T] after them (exporters/coreml.py target_features).
@@ -75,8 +81,8 @@ std::pair<std::vector<Feature>, std::vector<Feature>> drafter_features(const Man
 std::map<std::string, Dims> state_shapes(const KVLayout& layout, const FixedShapes& s) {
   std::map<std::string, Dims> out;
   for (const auto& c : layout.caches)
-    for (const char* name : {"k_cache.", "v_cache."})
-      out[feature_name(name + std::to_string(c.layer))] = {1, c.num_kv_heads, s.slots.at(c.kind), c.head_dim};
+    for (const std::string& name : {k_cache_name(c.layer), v_cache_name(c.layer)})
+      out[feature_name(name)] = {1, c.num_kv_heads, s.slots.at(c.kind), c.head_dim};
   return out;
 }
 
@@ -105,18 +111,18 @@ class API_AVAILABLE(macos(15.0), ios(18.0)) CoreMLBackend : public Backend {
     pass_ = plan_pass(program_->shapes, layout_, ids, positions, masks, NEG_INF, LENGTH_FIX);
     const int t = pass_.t, n = pass_.n, first = last_only ? t - 1 : 0;
     const Function& f = program_->targets.at(n);
-    Feeds feeds = {{"input_ids", {pass_.ids.data(), DType::I32, {1, n}}},               // [1, T] int32
-                   {"position_ids", {pass_.positions.data(), DType::I32, {1, n}}}};     // [1, T] int32
+    Feeds feeds = {{INPUT_IDS, {pass_.ids.data(), DType::I32, {1, n}}},               // [1, T] int32
+                   {POSITION_IDS, {pass_.positions.data(), DType::I32, {1, n}}}};     // [1, T] int32
     for (const auto& kind : layout_.kinds()) {
       const int64_t s_f = program_->shapes.slots.at(kind);
       const Dims dims = state_ ? Dims{1, 1, n, s_f} : Dims{1, 1, n, s_f + n};  // [1, 1, T, S_f] | [1, 1, T, S_f + T]
-      feeds["mask." + kind] = {pass_.masks.at(kind).data(), DType::F32, dims};
+      feeds[mask_name(kind)] = {pass_.masks.at(kind).data(), DType::F32, dims};
       if (state_) feeds[write_slots_name(kind)] = {pass_.write_slots.at(kind).data(), DType::I32, {n}};  // [T]
     }
     for (size_t i = 0; !state_ && i < layout_.caches.size(); ++i) {  // the runner's caches [1, H_kv, S_f, D], no copy
       const std::string layer = std::to_string(layout_.caches[i].layer);
-      feeds["k_cache." + layer] = {caches.k(i), DType::F32, caches.shape(i)};
-      feeds["v_cache." + layer] = {caches.v(i), DType::F32, caches.shape(i)};
+      feeds[k_cache_name(layer)] = {caches.k(i), DType::F32, caches.shape(i)};
+      feeds[v_cache_name(layer)] = {caches.v(i), DType::F32, caches.shape(i)};
     }
     StepOutput result = pooled([&] {
       id<MLFeatureProvider> out = f.run(feeds, program_->state, &kernel_s);
@@ -124,16 +130,16 @@ class API_AVAILABLE(macos(15.0), ios(18.0)) CoreMLBackend : public Backend {
       r.rows = t - first;
       r.logits.resize(size_t(r.rows) * size_t(vocab_));
       r.hidden.resize(size_t(r.rows) * size_t(hidden_));
-      f.read(out, "logits", {{0, 1}, {first, t}, {0, vocab_}}, r.logits.data());   // [1, T, V] -> [rows, V]
-      f.read(out, "hidden", {{0, 1}, {first, t}, {0, hidden_}}, r.hidden.data());  // [1, T, H] -> [rows, H]
+      f.read(out, LOGITS, {{0, 1}, {first, t}, {0, vocab_}}, r.logits.data());   // [1, T, V] -> [rows, V]
+      f.read(out, HIDDEN, {{0, 1}, {first, t}, {0, hidden_}}, r.hidden.data());  // [1, T, H] -> [rows, H]
       for (size_t i = 0; !state_ && i < layout_.caches.size(); ++i) {  // [1, H_kv, T, D] -> the real rows [H_kv, t, D]
         const CacheSpec& c = layout_.caches[i];
         const std::string layer = std::to_string(c.layer);
         const Box rows = {{0, 1}, {0, c.num_kv_heads}, {0, t}, {0, c.head_dim}};
         new_k_[i].resize(size_t(c.num_kv_heads) * size_t(t) * size_t(c.head_dim));
         new_v_[i].resize(new_k_[i].size());
-        f.read(out, "k_new." + layer, rows, new_k_[i].data());
-        f.read(out, "v_new." + layer, rows, new_v_[i].data());
+        f.read(out, k_new_name(layer), rows, new_k_[i].data());
+        f.read(out, v_new_name(layer), rows, new_v_[i].data());
       }
       return r;
     });
@@ -184,17 +190,17 @@ class API_AVAILABLE(macos(15.0), ios(18.0)) CoreMLDrafter : public DrafterBacken
   DraftStep step(int64_t token, const std::vector<float>& hidden) override {
     token_ = int32_t(token);
     hidden_ = hidden;
-    Feeds feeds = {{"input_ids", {&token_, DType::I32, {1, 1}}},                                  // [1, 1] int32
-                   {"hidden", {hidden_.data(), DType::F32, {1, 1, int64_t(hidden_.size())}}},     // [1, 1, H]
-                   {"position_ids", {&position_, DType::I32, {1, 1}}}};                          // [1, 1] int32
+    Feeds feeds = {{INPUT_IDS, {&token_, DType::I32, {1, 1}}},                                  // [1, 1] int32
+                   {HIDDEN, {hidden_.data(), DType::F32, {1, 1, int64_t(hidden_.size())}}},     // [1, 1, H]
+                   {POSITION_IDS, {&position_, DType::I32, {1, 1}}}};                          // [1, 1] int32
     for (const auto& src : sources_) {
       const int64_t s_f = program_->shapes.slots.at(src.first);
-      feeds["mask." + src.first] = {masks_.at(src.first).data(), DType::F32, {1, 1, 1, s_f}};   // [1, 1, 1, S_f]
+      feeds[mask_name(src.first)] = {masks_.at(src.first).data(), DType::F32, {1, 1, 1, s_f}};   // [1, 1, 1, S_f]
       if (target_.state_) continue;  // the state holds the caches
       const std::string layer = std::to_string(target_.layout_.caches[src.second].layer);
       const Dims shape = target_.caches.shape(src.second);  // the target's committed caches, read in place
-      feeds["k_cache." + layer] = {target_.caches.k(src.second), DType::F32, shape};
-      feeds["v_cache." + layer] = {target_.caches.v(src.second), DType::F32, shape};
+      feeds[k_cache_name(layer)] = {target_.caches.k(src.second), DType::F32, shape};
+      feeds[v_cache_name(layer)] = {target_.caches.v(src.second), DType::F32, shape};
     }
     const Function& f = program_->drafter;
     return pooled([&] {
@@ -203,9 +209,9 @@ class API_AVAILABLE(macos(15.0), ios(18.0)) CoreMLDrafter : public DrafterBacken
       d.token_ids.resize(size_t(candidates_));
       d.logits.resize(size_t(candidates_));
       d.hidden.resize(size_t(hidden_size_));
-      f.read(out, "draft_token_ids", {{0, candidates_}}, d.token_ids.data());  // [N] int32 -> int64
-      f.read(out, "draft_logits", {{0, candidates_}}, d.logits.data());        // [N]
-      f.read(out, "draft_hidden", {{0, 1}, {0, 1}, {0, hidden_size_}}, d.hidden.data());  // [1, 1, H]
+      f.read(out, DRAFT_TOKEN_IDS, {{0, candidates_}}, d.token_ids.data());  // [N] int32 -> int64
+      f.read(out, DRAFT_LOGITS, {{0, candidates_}}, d.logits.data());        // [N]
+      f.read(out, DRAFT_HIDDEN, {{0, 1}, {0, 1}, {0, hidden_size_}}, d.hidden.data());  // [1, 1, H]
       return d;
     });
   }

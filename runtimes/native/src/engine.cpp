@@ -2,7 +2,9 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <thread>
 
+#include "contract_names.h"
 #include "coreml_backend.h"
 #include "errors.h"
 #include "executorch_backend.h"
@@ -14,50 +16,29 @@
 
 namespace es {
 
+using namespace contract;  // the graph IO names and formats (contract_names.h, generated)
+
 namespace {
 
-class OracleDrafter : public DrafterBackend {
- public:
-  OracleDrafter(OracleDrafts drafts, int prompt_len, int vocab)
-      : d_(std::move(drafts)), prompt_len_(prompt_len), vocab_(vocab), rng_(7) {}
-
-  void begin(int64_t position, const Masks&, int64_t) override {
-    position_ = position;
-    offset_ = 0;
-  }
-
-  DraftStep step(int64_t, const std::vector<float>& hidden) override {
-    offset_ += 1;
-    const int64_t pos = position_ + offset_;
-    const int64_t i = pos - prompt_len_;
-    int64_t tok = (i >= 0 && i < int64_t(d_.continuation.size())) ? d_.continuation[size_t(i)] : 4;
-    if (wrong(pos)) tok = 4 + (tok + 1) % (vocab_ - 4);  // never equal to tok
-    return DraftStep{{tok}, {1.0f}, hidden};
-  }
-
- private:
-  bool wrong(int64_t pos) {
-    if (d_.wrong == "always") return true;
-    if (d_.wrong == "third") return pos % 3 == 0;
-    if (d_.wrong == "random") return rng_.random() < 0.4;
-    return false;
-  }
-  OracleDrafts d_;
-  int prompt_len_, vocab_;
-  PortableRng rng_;
-  int64_t position_ = 0, offset_ = 0;
-};
-
-// The formats this build runs (formats.txt says the same: CMakeLists.txt).
-std::vector<std::string> built_formats() {
-  std::vector<std::string> out = {"executorch"};
+// Whether this build has the backend of `format` (a row of format_rows(); CMakeLists.txt writes the same
+// list to formats.txt).
+bool built(const std::string& format) {
+  if (format == FORMAT_EXECUTORCH) return true;
 #ifdef ES_HAVE_ORT
-  out.push_back("onnx");
-  out.push_back("qnn");
+  if (format == FORMAT_ONNX || format == FORMAT_QNN) return true;
 #endif
 #ifdef ES_HAVE_COREML
-  out.push_back("coreml");
+  if (format == FORMAT_COREML) return true;
 #endif
+  return false;
+}
+
+// The formats this build runs, in the order the refusal names them: executorch, onnx, qnn, coreml.
+std::vector<std::string> built_formats() {
+  std::vector<std::string> out;
+  for (const char* format : {FORMAT_EXECUTORCH, FORMAT_ONNX, FORMAT_QNN,
+                             FORMAT_COREML})
+    if (built(format)) out.push_back(format);
   return out;
 }
 
@@ -66,19 +47,19 @@ std::vector<std::string> built_formats() {
 std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backend(const std::string& folder,
                                                                                   const Manifest& m,
                                                                                   const OpenOptions& o) {
-  if (m.format != "qnn" && !o.provider.empty() && !(m.format == "onnx" && o.provider == "cpu"))
+  if (m.format != FORMAT_QNN && !o.provider.empty() && !(m.format == FORMAT_ONNX && o.provider == "cpu"))
     throw config_error("the native " + m.format + " backend has no provider '" + o.provider + "'" +
-                           (m.format == "onnx" ? " (it runs onnxruntime's CPU provider)" : ""),
-                       m.format == "onnx" ? "drop --provider, or run the bundle with the Python runtime: edge-spec "
+                           (m.format == FORMAT_ONNX ? " (it runs onnxruntime's CPU provider)" : ""),
+                       m.format == FORMAT_ONNX ? "drop --provider, or run the bundle with the Python runtime: edge-spec "
                                             "generate --bundle " + folder + " --provider " + o.provider
                                           : std::string("drop --provider (it chooses qnn bundles' qnn | cpu)"));
-  if (m.format == "executorch") return open_executorch(folder, m, o.threads);
+  if (m.format == FORMAT_EXECUTORCH) return open_executorch(folder, m, o.threads);
 #ifdef ES_HAVE_ORT
-  if (m.format == "onnx") return open_ort(folder, m, o.threads);
-  if (m.format == "qnn") return open_qnn(folder, m, o.threads, QnnOptions{o.provider, o.qnn_ep});
+  if (m.format == FORMAT_ONNX) return open_ort(folder, m, o.threads);
+  if (m.format == FORMAT_QNN) return open_qnn(folder, m, o.threads, QnnOptions{o.provider, o.qnn_ep});
 #endif
 #ifdef ES_HAVE_COREML
-  if (m.format == "coreml") return open_coreml(folder, m, o.compute_units);  // threads: not Core ML's (coreml.py)
+  if (m.format == FORMAT_COREML) return open_coreml(folder, m, o.compute_units);  // threads: not Core ML's (coreml.py)
 #endif
   const std::vector<std::string> formats = built_formats();
   std::string runs, flags;
@@ -93,12 +74,12 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backen
   std::string fix = "export the bundle with --format " + flags + ", or run it with the Python runtime: edge-spec "
                     "generate --bundle " + folder;
 #ifndef ES_HAVE_ORT
-  if (m.format == "onnx" || m.format == "qnn")
+  if (m.format == FORMAT_ONNX || m.format == FORMAT_QNN)
     fix = "rebuild the runner with onnxruntime (make native with npm installed: apt-get install npm; the CMake "
           "warning says what was missing), or run it with the Python runtime: edge-spec generate --bundle " + folder;
 #endif
 #ifndef ES_HAVE_COREML
-  if (m.format == "coreml")
+  if (m.format == FORMAT_COREML)
     fix = "run it with a macOS or iOS build of this runner (CMake compiles the Core ML backend on Apple platforms: "
           "runtimes/native/README.md), or with the Python runtime on a Mac: edge-spec generate --bundle " + folder +
           "; or export the bundle with --format " + flags;
@@ -112,7 +93,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_backen
 // check_options refuses it (--compute-units is the coreml row's).
 void check_open_options(const Manifest& m, const OpenOptions& o) {
   if (o.compute_units.empty()) return;
-  if (m.format != "coreml")
+  if (m.format != FORMAT_COREML)
     throw config_error("--compute-units applies to coreml bundles, not the native-" + m.format + " runtime",
                        "drop --compute-units");
   check_compute_units(o.compute_units);
@@ -120,7 +101,21 @@ void check_open_options(const Manifest& m, const OpenOptions& o) {
 
 }  // namespace
 
-std::unique_ptr<Engine> Engine::open(const std::string& folder, const OpenOptions& options) {
+int cap_threads(int threads, std::string* notice) {
+  const unsigned cores = std::thread::hardware_concurrency();  // 0: unknown
+  if (threads <= 0 || cores == 0 || unsigned(threads) <= cores) return threads;
+  if (notice)
+    *notice = "--threads " + std::to_string(threads) + " is more than this machine's " + std::to_string(cores) +
+              " cores; using " + std::to_string(cores);
+  return int(cores);
+}
+
+std::unique_ptr<Engine> Engine::open(const std::string& folder, const OpenOptions& given) {
+  if (given.threads < 0)
+    throw config_error("threads must be >= 0 (0: the runtime's default), got " + std::to_string(given.threads),
+                       "pass threads 0, or 1 up to this machine's core count");
+  OpenOptions options = given;
+  options.threads = cap_threads(given.threads);
   std::unique_ptr<Engine> e(new Engine());
   e->folder_ = folder;
   e->manifest_ = read_manifest(folder, options.verify_checksums);
@@ -158,7 +153,7 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, const GenerateOp
   PortableRng rng(o.seed);
   const std::set<int64_t> stop_ids = o.ignore_eos ? std::set<int64_t>() : stop_ids_;
   Generation g;
-  bool speculative = o.spec && (drafter_ != nullptr || o.oracle);
+  bool speculative = o.spec && (drafter_ != nullptr || o.drafter != nullptr);
   if (speculative) {  // bad speculative arguments fail either way
     check_spec_args(o.spec_k, o.min_confidence);
     if (manifest_.max_draft_len && o.spec_k > manifest_.max_draft_len)
@@ -176,9 +171,7 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, const GenerateOp
     return g;
   }
   SpecOptions spec{o.spec_k, o.adaptive, o.min_confidence, o.lookup};
-  std::unique_ptr<DrafterBackend> oracle;
-  if (o.oracle) oracle.reset(new OracleDrafter(*o.oracle, int(prompt.size()), manifest_.vocab_size));
-  DrafterBackend& drafter = oracle ? *oracle : *drafter_;
+  DrafterBackend& drafter = o.drafter ? *o.drafter : *drafter_;
   g.result = generate_speculative(*session_, drafter, prompt, o.max_new_tokens, o.sampling, rng, stop_ids,
                                   manifest_.vocab_size, spec, on_token);
   return g;

@@ -30,13 +30,11 @@ struct OpenOptions {
   std::string qnn_ep;  // the QNN EP plugin library ("": $EDGE_SPEC_QNN_EP, else the one found at build time)
 };
 
-// A drafter standing in for the bundle's, for tests: it proposes a known continuation (the plain greedy output),
-// made wrong at the positions `wrong` selects - "never", "always", "third" (every third position), "random" (40%,
-// seeded) - so accepted bursts, rejected ones and rewritten rejected slots are all exercised.
-struct OracleDrafts {
-  std::vector<int64_t> continuation;
-  std::string wrong = "never";
-};
+// threads > this machine's cores (std::thread::hardware_concurrency) -> the core count, with `notice` set to "--threads
+// N is more than this machine's C cores; using C" (threads <= 0, or an unknown core count: unchanged, no notice).
+// Engine::open applies it to OpenOptions::threads (the C API's es_open_options.threads included); the CLI calls it
+// first to print the notice. More threads than cores only make the decode's threads wait on each other.
+int cap_threads(int threads, std::string* notice = nullptr);
 
 struct GenerateOptions {
   int max_new_tokens = 128;
@@ -48,7 +46,9 @@ struct GenerateOptions {
   double min_confidence = 0.3;  // adaptive only
   bool lookup = true;
   bool ignore_eos = false;  // no stop tokens (tests and benchmarks that need a fixed length)
-  std::optional<OracleDrafts> oracle;  // tests only
+  // A drafter standing in for the bundle's (null: the bundle's own), speculating even where the bundle has none;
+  // the caller owns it. The test build's oracle drafter (test_hooks.h, edge-spec-run-test) is the one user.
+  DrafterBackend* drafter = nullptr;
 };
 
 struct Generation {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "contract_names.h"
 #include "errors.h"
 
 namespace es {
@@ -117,8 +118,10 @@ int64_t fixed_dim(const std::string& dim, int t, const std::map<std::string, int
   if (plus != std::string::npos)
     return fixed_dim(dim.substr(0, plus), t, slots) + fixed_dim(dim.substr(plus + 1), t, slots);
   if (is_int_text(dim)) return std::stoll(dim);
-  if (dim == "T") return t;
-  if (dim.compare(0, 2, "S_") == 0 && slots.count(dim.substr(2))) return slots.at(dim.substr(2));
+  const std::string slots_prefix = contract::slots_dim("");  // "S_<kind>"
+  if (dim == contract::T_DIM) return t;
+  if (dim.compare(0, slots_prefix.size(), slots_prefix) == 0 && slots.count(dim.substr(slots_prefix.size())))
+    return slots.at(dim.substr(slots_prefix.size()));
   throw bundle_error("the manifest dim '" + dim + "' is not one a fixed-shape graph has (T, S_<kind>, a number)",
                      "re-export the bundle with this edge-spec");
 }

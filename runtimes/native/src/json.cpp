@@ -1,171 +1,56 @@
-// json.cpp - recursive-descent JSON parser (RFC 8259; \uXXXX escapes with surrogate pairs to UTF-8).
+// json.cpp - es::Json over the runner's one JSON reader (tokenizer/src/json.h: es::json::Reader, strict RFC 8259,
+// plus Python's NaN / Infinity / -Infinity, which json.dumps writes): its pull API builds the tree here, a repeated
+// key keeping its last value (as Python's json.loads); accessors, dump() and json_quote below.
 #include "json.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
+#include "../tokenizer/src/json.h"
+
 namespace es {
 
 class JsonParser {
  public:
-  explicit JsonParser(const std::string& text) : s_(text) {}
-
-  Json document() {
-    Json v = value(0);
-    skip_ws();
-    if (i_ != s_.size()) fail("trailing characters after the JSON value");
-    return v;
+  static Json document(const std::string& text) {
+    json::Reader reader(text, "");
+    reader.allow_python_constants();
+    try {
+      Json v = value(reader);
+      reader.expect_end();
+      return v;
+    } catch (const json::SyntaxError& err) {
+      throw JsonError("invalid JSON at byte " + std::to_string(err.offset()) + ": " + err.detail());
+    }
   }
 
  private:
-  const std::string& s_;
-  size_t i_ = 0;
-
-  [[noreturn]] void fail(const std::string& what) const {
-    throw JsonError("invalid JSON at byte " + std::to_string(i_) + ": " + what);
-  }
-  void skip_ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
-  }
-  bool consume(const char* word) {
-    size_t n = std::char_traits<char>::length(word);
-    if (s_.compare(i_, n, word) != 0) return false;
-    i_ += n;
-    return true;
-  }
-
-  Json value(int depth) {
-    if (depth > 256) fail("nesting deeper than 256");
-    skip_ws();
-    if (i_ >= s_.size()) fail("unexpected end of input");
+  static Json value(json::Reader& r) {
     Json v;
-    char c = s_[i_];
-    if (c == '{') {
-      v.type_ = Json::Type::Object;
-      ++i_;
-      skip_ws();
-      if (i_ < s_.size() && s_[i_] == '}') { ++i_; return v; }
-      while (true) {
-        skip_ws();
-        if (i_ >= s_.size() || s_[i_] != '"') fail("expected a string key");
-        std::string key = string();
-        skip_ws();
-        if (i_ >= s_.size() || s_[i_] != ':') fail("expected ':'");
-        ++i_;
-        v.object_[key] = value(depth + 1);
-        skip_ws();
-        if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
-        if (i_ < s_.size() && s_[i_] == '}') { ++i_; return v; }
-        fail("expected ',' or '}'");
+    switch (r.peek()) {
+      case json::Type::Null: r.read_null(); break;
+      case json::Type::Bool: v.type_ = Json::Type::Bool; v.bool_ = r.read_bool(); break;
+      case json::Type::Number: v.type_ = Json::Type::Number; v.number_ = r.read_number(); break;
+      case json::Type::String: v.type_ = Json::Type::String; v.string_ = r.read_string(); break;
+      case json::Type::Array:
+        v.type_ = Json::Type::Array;
+        r.begin_array();
+        while (r.next_element()) v.array_.push_back(value(r));
+        break;
+      case json::Type::Object: {
+        v.type_ = Json::Type::Object;
+        r.begin_object();
+        std::string key;
+        while (r.next_key(key)) v.object_[key] = value(r);
+        break;
       }
     }
-    if (c == '[') {
-      v.type_ = Json::Type::Array;
-      ++i_;
-      skip_ws();
-      if (i_ < s_.size() && s_[i_] == ']') { ++i_; return v; }
-      while (true) {
-        v.array_.push_back(value(depth + 1));
-        skip_ws();
-        if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
-        if (i_ < s_.size() && s_[i_] == ']') { ++i_; return v; }
-        fail("expected ',' or ']'");
-      }
-    }
-    if (c == '"') {
-      v.type_ = Json::Type::String;
-      v.string_ = string();
-      return v;
-    }
-    if (consume("true")) { v.type_ = Json::Type::Bool; v.bool_ = true; return v; }
-    if (consume("false")) { v.type_ = Json::Type::Bool; v.bool_ = false; return v; }
-    if (consume("null")) return v;
-    if (c == '-' || (c >= '0' && c <= '9')) {
-      const char* begin = s_.c_str() + i_;
-      char* end = nullptr;
-      v.type_ = Json::Type::Number;
-      v.number_ = std::strtod(begin, &end);
-      if (end == begin) fail("bad number");
-      i_ += static_cast<size_t>(end - begin);
-      return v;
-    }
-    if (consume("NaN")) { v.type_ = Json::Type::Number; v.number_ = NAN; return v; }  // Python's json.dumps
-    if (consume("Infinity")) { v.type_ = Json::Type::Number; v.number_ = INFINITY; return v; }
-    if (consume("-Infinity")) { v.type_ = Json::Type::Number; v.number_ = -INFINITY; return v; }
-    fail(std::string("unexpected character '") + c + "'");
-  }
-
-  unsigned hex4() {
-    if (i_ + 4 > s_.size()) fail("short \\u escape");
-    unsigned u = 0;
-    for (int k = 0; k < 4; ++k) {
-      char h = s_[i_++];
-      u <<= 4;
-      if (h >= '0' && h <= '9') u |= unsigned(h - '0');
-      else if (h >= 'a' && h <= 'f') u |= unsigned(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') u |= unsigned(h - 'A' + 10);
-      else fail("bad hex digit in \\u escape");
-    }
-    return u;
-  }
-
-  static void put_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3F));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    }
-  }
-
-  std::string string() {
-    ++i_;  // opening quote
-    std::string out;
-    while (true) {
-      if (i_ >= s_.size()) fail("unterminated string");
-      char c = s_[i_++];
-      if (c == '"') return out;
-      if (c != '\\') { out += c; continue; }
-      if (i_ >= s_.size()) fail("unterminated escape");
-      char e = s_[i_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00 && i_ + 6 <= s_.size() && s_[i_] == '\\' && s_[i_ + 1] == 'u') {
-            size_t keep = i_;
-            i_ += 2;
-            unsigned lo = hex4();
-            if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            else i_ = keep;
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default: fail(std::string("bad escape '\\") + e + "'");
-      }
-    }
+    return v;
   }
 };
 
-Json Json::parse(const std::string& text) { return JsonParser(text).document(); }
+Json Json::parse(const std::string& text) { return JsonParser::document(text); }
 
 static const char* type_name(Json::Type t) {
   switch (t) {

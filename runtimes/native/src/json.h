@@ -1,4 +1,5 @@
-// json.h - a small JSON reader for manifest.json and the shared test vectors (no dependencies).
+// json.h - JSON trees for manifest.json, the host check's cache and the shared test vectors, read by the runner's one
+// JSON reader (tokenizer/src/json.h, standard library only; json.cpp builds the tree from it).
 //
 // Values are immutable trees; accessors throw JsonError naming the key path that is missing or mistyped,
 // so a malformed manifest is refused with the field named (the caller adds the file and the fix).
@@ -22,7 +23,7 @@ class Json {
  public:
   enum class Type { Null, Bool, Number, String, Array, Object };
 
-  static Json parse(const std::string& text);  // throws JsonError with the byte offset
+  static Json parse(const std::string& text);  // throws JsonError("invalid JSON at byte N: ...")
 
   Type type() const { return type_; }
   bool is_null() const { return type_ == Type::Null; }

@@ -10,9 +10,6 @@ namespace es {
 
 const char* const FULL = "full";
 const char* const SLIDING = "sliding";
-const char* const BINDING_IO = "io";
-const char* const BINDING_STATE = "state";
-const char* const BINDING_SHARED = "shared";
 
 bool writes_all(const std::string& binding) { return binding == BINDING_STATE || binding == BINDING_SHARED; }
 

@@ -11,14 +11,16 @@
 #include <utility>
 #include <vector>
 
+#include "contract_names.h"
+
 namespace es {
 
 extern const char* const FULL;     // "full"
 extern const char* const SLIDING;  // "sliding"
-extern const char* const BINDING_IO;
-extern const char* const BINDING_STATE;
-extern const char* const BINDING_SHARED;  // caches in and out bound to the same buffers (kv.py)
-constexpr int SHARED_SPARE_SLOTS = 1;      // a `shared` pass writes a dummy row one slot past its own
+using contract::BINDING_IO;      // kv.py's bindings (contract_names.h)
+using contract::BINDING_STATE;
+using contract::BINDING_SHARED;  // caches in and out bound to the same buffers (kv.py)
+using contract::SHARED_SPARE_SLOTS;  // a `shared` pass writes a dummy row one slot past its own
 bool writes_all(const std::string& binding);  // every row of a pass lands in the caches (state, shared)
 constexpr float NEG_INF = -1e30f;  // finite: a fully masked row never turns into NaN
 
@@ -35,7 +37,7 @@ struct KVLayout {
   std::vector<CacheSpec> caches;
   int max_context = 0;
   int max_pass = 0;  // most new tokens per forward; 0: no cap
-  std::string binding = "io";
+  std::string binding = BINDING_IO;
 
   std::vector<std::string> kinds() const;  // sorted, unique
   int slots(const std::string& kind) const;

@@ -6,7 +6,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "contract_names.h"
 #include "errors.h"
+#include "manifest_check.h"
 #include "sha256.h"
 
 namespace es {
@@ -15,22 +17,8 @@ namespace {
 
 const char* const REEXPORT = "re-run `edge-spec export` into a fresh --out folder";
 
-struct FormatRow {  // edge_spec/contract/formats.py FORMATS: what the manifest check needs of it
-  const char* name;
-  std::vector<std::string> bindings;
-  std::vector<std::string> precisions;
-  bool constant_tables;
-};
-
-const std::vector<FormatRow>& formats() {
-  static const std::vector<FormatRow> rows = {
-      {"onnx", {"io", "shared"}, {"fp32", "fp16", "int8", "int4"}, false},
-      {"executorch", {"state"}, {"fp32", "8da4w"}, false},
-      {"coreml", {"io", "state"}, {"fp16", "fp32", "int8", "int4", "int4-channel"}, true},
-      {"qnn", {"io"}, {"16a8w", "8a8w"}, true},
-  };
-  return rows;
-}
+// edge_spec/contract/formats.py FORMATS (contract_names.h, generated from it): what the manifest check needs of it
+const std::vector<contract::FormatRow>& formats() { return contract::format_rows(); }
 
 bool contains(const std::vector<std::string>& v, const std::string& x) {
   for (const auto& s : v)
@@ -177,7 +165,7 @@ void same_io(const std::string& where, const GraphIO& got, const GraphIO& want) 
 }
 
 void verify_contract(const Manifest& m, const std::string& path) {
-  const FormatRow* fmt = nullptr;
+  const contract::FormatRow* fmt = nullptr;
   std::string names;
   for (const auto& row : formats()) {
     if (m.format == row.name) fmt = &row;
@@ -229,8 +217,8 @@ void verify_contract(const Manifest& m, const std::string& path) {
   }
   if (!m.graphs.count("drafter")) throw bundle_error(path + ": the drafter entry has no drafter graph", REEXPORT);
   GraphIO expected = drafter_io(m.layout, d.kv_sharing, m.vocab_size, m.hidden_size, d.candidates_per_step,
-                                m.tables.count("output_table") > 0, !fmt->constant_tables,
-                                m.tables.count("embed_table_q8") > 0);
+                                m.tables.count(contract::OUTPUT_TABLE) > 0, !fmt->constant_tables,
+                                m.tables.count(contract::EMBED_Q8) > 0);
   same_io(path + ": drafter graph", m.graphs.at("drafter").io, expected);
 }
 
@@ -249,7 +237,7 @@ KVLayout layout_from_json(const Json& d) {
   KVLayout l;
   l.max_context = int(d.at("max_context").as_int());
   l.max_pass = d.get("max_pass").is_null() ? 0 : int(d.at("max_pass").as_int());
-  l.binding = d.get("binding").is_null() ? "io" : d.at("binding").as_string();
+  l.binding = d.get("binding").is_null() ? BINDING_IO : d.at("binding").as_string();
   for (const auto& c : d.at("caches").as_array()) {
     CacheSpec s;
     s.layer = int(c.at("layer").as_int());
@@ -269,23 +257,24 @@ std::string join_path(const std::string& a, const std::string& b) {
 }
 
 GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size) {
+  using namespace contract;
   GraphIO io;
-  io.inputs = {spec("input_ids", "int64", {"1", "T"}), spec("position_ids", "int64", {"1", "T"})};
+  io.inputs = {spec(INPUT_IDS, "int64", {"1", T_DIM}), spec(POSITION_IDS, "int64", {"1", T_DIM})};
   for (const auto& kind : layout.kinds())
-    io.inputs.push_back(spec("mask." + kind, "float32", {"1", "1", "T", "S_" + kind + "+T"}));
-  io.outputs = {spec("logits", "float32", {"1", "T", std::to_string(vocab_size)}),
-                spec("hidden", "float32", {"1", "T", std::to_string(hidden_size)})};
+    io.inputs.push_back(spec(mask_name(kind), "float32", {"1", "1", T_DIM, mask_cols_dim(kind)}));
+  io.outputs = {spec(LOGITS, "float32", {"1", T_DIM, std::to_string(vocab_size)}),
+                spec(HIDDEN, "float32", {"1", T_DIM, std::to_string(hidden_size)})};
   if (layout.binding == BINDING_IO || layout.binding == BINDING_SHARED) {
     for (const auto& c : layout.caches)
-      for (const char* n : {"k_cache.", "v_cache."})
-        io.inputs.push_back(spec(n + std::to_string(c.layer), "float32",
-                                 {"1", std::to_string(c.num_kv_heads), "S_" + c.kind, std::to_string(c.head_dim)}));
+      for (const std::string& n : {k_cache_name(c.layer), v_cache_name(c.layer)})
+        io.inputs.push_back(
+            spec(n, "float32", {"1", std::to_string(c.num_kv_heads), slots_dim(c.kind), std::to_string(c.head_dim)}));
     const bool shared = layout.binding == BINDING_SHARED;  // the caches again (written in place), not new rows
     for (const auto& c : layout.caches)
-      for (const char* n : shared ? std::vector<const char*>{"k_present.", "v_present."}
-                                  : std::vector<const char*>{"k_new.", "v_new."})
-        io.outputs.push_back(spec(n + std::to_string(c.layer), "float32",
-                                  {"1", std::to_string(c.num_kv_heads), shared ? "S_" + c.kind : std::string("T"),
+      for (const std::string& n : shared ? std::vector<std::string>{k_present_name(c.layer), v_present_name(c.layer)}
+                                         : std::vector<std::string>{k_new_name(c.layer), v_new_name(c.layer)})
+        io.outputs.push_back(spec(n, "float32",
+                                  {"1", std::to_string(c.num_kv_heads), shared ? slots_dim(c.kind) : std::string(T_DIM),
                                    std::to_string(c.head_dim)}));
   }
   return io;
@@ -293,36 +282,45 @@ GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size) {
 
 GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
                    int target_hidden, int candidates, bool output_table, bool tables, bool quantized_table) {
+  using namespace contract;
   GraphIO io;
-  io.inputs = {spec("input_ids", "int64", {"1", "1"}),
-               spec("hidden", "float32", {"1", "1", std::to_string(target_hidden)}),
-               spec("position_ids", "int64", {"1", "1"})};
+  io.inputs = {spec(INPUT_IDS, "int64", {"1", "1"}),
+               spec(HIDDEN, "float32", {"1", "1", std::to_string(target_hidden)}),
+               spec(POSITION_IDS, "int64", {"1", "1"})};
   for (const auto& s : sources)  // std::map: sorted by kind, as edge_spec.contract.kv sorts them
-    io.inputs.push_back(spec("mask." + s.first, "float32", {"1", "1", "1", "S_" + s.first}));
+    io.inputs.push_back(spec(mask_name(s.first), "float32", {"1", "1", "1", slots_dim(s.first)}));
   if (layout.binding == BINDING_IO || layout.binding == BINDING_SHARED) {
     for (const auto& s : sources)
       for (const auto& c : layout.caches)
         if (c.layer == s.second)
-          for (const char* n : {"k_cache.", "v_cache."})
-            io.inputs.push_back(spec(n + std::to_string(c.layer), "float32",
-                                     {"1", std::to_string(c.num_kv_heads), "S_" + c.kind, std::to_string(c.head_dim)}));
+          for (const std::string& n : {k_cache_name(c.layer), v_cache_name(c.layer)})
+            io.inputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), slots_dim(c.kind),
+                                                    std::to_string(c.head_dim)}));
+    const std::string vocab = std::to_string(vocab_size), hidden = std::to_string(target_hidden);
     if (tables && quantized_table) {  // kv.table_specs: [V, Ht / 32, 32] uint8 codes, [V * Ht / 32] float32 scales
-      const int blocks = target_hidden / 32;
-      io.inputs.push_back(spec("embed_table_q8", "uint8", {std::to_string(vocab_size), std::to_string(blocks), "32"}));
-      io.inputs.push_back(spec("embed_table_scales", "float32", {std::to_string(int64_t(vocab_size) * blocks)}));
+      const int blocks = target_hidden / TABLE_BLOCK;
+      io.inputs.push_back(spec(EMBED_Q8, "uint8", {vocab, std::to_string(blocks), std::to_string(TABLE_BLOCK)}));
+      io.inputs.push_back(spec(EMBED_SCALES, "float32", {std::to_string(int64_t(vocab_size) * blocks)}));
     } else if (tables) {
-      io.inputs.push_back(spec("embed_table", "float32", {std::to_string(vocab_size), std::to_string(target_hidden)}));
-      if (output_table)
-        io.inputs.push_back(spec("output_table", "float32", {std::to_string(vocab_size), std::to_string(target_hidden)}));
+      io.inputs.push_back(spec(EMBED_TABLE, "float32", {vocab, hidden}));
+      if (output_table) io.inputs.push_back(spec(OUTPUT_TABLE, "float32", {vocab, hidden}));
     }
   }
-  io.outputs = {spec("draft_token_ids", "int64", {std::to_string(candidates)}),
-                spec("draft_logits", "float32", {std::to_string(candidates)}),
-                spec("draft_hidden", "float32", {"1", "1", std::to_string(target_hidden)})};
+  io.outputs = {spec(DRAFT_TOKEN_IDS, "int64", {std::to_string(candidates)}),
+                spec(DRAFT_LOGITS, "float32", {std::to_string(candidates)}),
+                spec(DRAFT_HIDDEN, "float32", {"1", "1", std::to_string(target_hidden)})};
   return io;
 }
 
 Manifest read_manifest(const std::string& folder, bool verify_checksums) {
+  if (is_file(folder)) {
+    const size_t slash = folder.find_last_of('/');
+    const std::string name = slash == std::string::npos ? folder : folder.substr(slash + 1);
+    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : folder.substr(0, slash);
+    throw bundle_error(folder + " is a file, not a bundle folder",
+                       name == MANIFEST_FILE ? "pass the folder that holds it: --bundle " + parent
+                                             : std::string("pass the --out folder of `edge-spec export`"));
+  }
   if (!is_dir(folder))
     throw bundle_error("bundle folder " + folder + " does not exist", "pass the --out folder of `edge-spec export`");
   const std::string path = join_path(folder, MANIFEST_FILE);
@@ -338,6 +336,7 @@ Manifest read_manifest(const std::string& folder, bool verify_checksums) {
   if (!version.is_number() || (version.as_number() != 1 && version.as_number() != 2))
     throw bundle_error(path + ": schema_version " + version.dump() + ", this edge-spec reads versions 1, 2",
                        "re-export the bundle with this edge-spec version (or install the version that wrote it)");
+  check_fields(raw, path);  // every field from_json reads, by type and range (manifest_check.h)
   Manifest m;
   try {
     m = from_json(raw);
@@ -345,6 +344,8 @@ Manifest read_manifest(const std::string& folder, bool verify_checksums) {
     throw bundle_error(path + ": missing or malformed field (" + err.what() + ")", REEXPORT);
   }
   verify_files(folder, m, verify_checksums);
+  check_tables(m, path);
+  check_memory(m, path);  // before anything allocates the caches
   verify_contract(m, path);
   return m;
 }

@@ -1,6 +1,6 @@
-// ort_backend.cpp - see ort_backend.h. Read top to bottom: the shared tables (mmap), the caches (a port of
-// runtimes/io_caches.py IoCaches), sessions + the graph IO check (runtimes/ort.py make_session / check_graph_io),
-// the target backend, the drafter, open_ort. Every onnxruntime exception is turned into an es::Error here.
+// ort_backend.cpp - see ort_backend.h. Read top to bottom: the shared tables (mmap), sessions + the graph IO check
+// (runtimes/ort.py make_session / check_graph_io), the target backend over the caches of io_caches.h, the drafter,
+// open_ort. Every onnxruntime exception is turned into an es::Error here.
 //
 // Compiled only with ES_HAVE_ORT (CMakeLists.txt defines it when it found onnxruntime): builds that glob src/*.cpp
 // without onnxruntime (android_demo's CMake) get an empty file, and engine.cpp refuses onnx bundles.
@@ -18,10 +18,14 @@
 
 #include <onnxruntime_cxx_api.h>
 
+#include "contract_names.h"
 #include "errors.h"
+#include "io_caches.h"
 #include "ort_common.h"
 
 namespace es {
+
+using namespace contract;  // the graph IO names and formats (contract_names.h, generated)
 
 namespace {
 
@@ -76,96 +80,6 @@ std::unique_ptr<Table> map_table(const std::string& folder, const Manifest& m, c
   t->data = p;
   return t;
 }
-
-// ---- the caches: per cached layer a flat K and V buffer [H_kv * S * D], bound as its bucket's prefix ------------
-class IoCaches {
- public:
-  // spare: slots past each layer's own that a pass may write (`shared`: its dummy row, SHARED_SPARE_SLOTS)
-  IoCaches(const KVLayout& layout, int bucket, int spare) : layout_(layout), bucket_size_(bucket), spare_(spare) {
-    for (const auto& c : layout.caches) {
-      k_.emplace_back(size_t(c.num_kv_heads) * (c.slots + spare) * c.head_dim, 0.0f);
-      v_.emplace_back(size_t(c.num_kv_heads) * (c.slots + spare) * c.head_dim, 0.0f);
-    }
-    for (const auto& kind : layout.kinds()) {
-      bucket_[kind] = bucket_slots(0, layout.slots(kind) + spare_, bucket_size_);
-      used_[kind] = 0;
-    }
-  }
-
-  int bucket(const std::string& kind) const { return bucket_.at(kind); }
-  int generation() const { return generation_; }
-  float* k(size_t i) { return k_[i].data(); }  // [1, H_kv, b, D] with b = bucket(kind)
-  float* v(size_t i) { return v_[i].data(); }
-
-  // Before a pass over t tokens after n_cached committed ones: buckets holding every visible key and the slots the
-  // pass writes (io_caches.py IoCaches.prepare).
-  void prepare(int64_t n_cached, int t) {
-    for (const auto& kind : layout_.kinds()) {
-      const int used = int(std::min<int64_t>(n_cached, layout_.slots(kind)));  // slots >= used are empty
-      fit(kind, used, used + t + spare_);
-      used_[kind] = used;
-    }
-  }
-
-  // Copy the accepted rows of the last pass (new rows [1, H_kv, t, D] per layer) into their slots. `in_place`
-  // (`shared`): the graph already wrote them there; a re-layout keeps them and nothing is copied.
-  void commit(const CommitPlan& plan, const std::vector<std::vector<float>>& k_new,
-              const std::vector<std::vector<float>>& v_new, int t, bool in_place) {
-    for (const auto& entry : plan) {
-      const auto& slots = entry.second.second;
-      if (slots.empty()) continue;
-      const int top = std::max(used_[entry.first], int(*std::max_element(slots.begin(), slots.end())) + 1);
-      fit(entry.first, in_place ? top : used_[entry.first], top);
-      used_[entry.first] = top;
-    }
-    if (in_place) return;
-    for (size_t i = 0; i < layout_.caches.size(); ++i) {
-      const CacheSpec& c = layout_.caches[i];
-      const auto& rows = plan.at(c.kind).first;
-      const auto& slots = plan.at(c.kind).second;
-      const size_t b = size_t(bucket_.at(c.kind)), d = size_t(c.head_dim);
-      for (int h = 0; h < c.num_kv_heads; ++h)
-        for (size_t j = 0; j < rows.size(); ++j) {
-          const size_t src = (size_t(h) * t + size_t(rows[j])) * d, dst = (h * b + size_t(slots[j])) * d;
-          std::memcpy(k_[i].data() + dst, k_new[i].data() + src, d * sizeof(float));
-          std::memcpy(v_[i].data() + dst, v_new[i].data() + src, d * sizeof(float));
-        }
-    }
-  }
-
- private:
-  // Make the bound prefix of `kind` the bucket for `need` visible slots, keeping rows [0, used) of every head.
-  void fit(const std::string& kind, int used, int need) {
-    const int old_b = bucket_.at(kind), new_b = bucket_slots(need, layout_.slots(kind) + spare_, bucket_size_);
-    if (old_b == new_b) return;
-    const int rows = std::min({used, old_b, new_b});
-    for (size_t i = 0; i < layout_.caches.size(); ++i)
-      if (layout_.caches[i].kind == kind) {
-        relayout(k_[i], layout_.caches[i], old_b, new_b, rows);
-        relayout(v_[i], layout_.caches[i], old_b, new_b, rows);
-      }
-    bucket_[kind] = new_b;
-    generation_ += 1;
-  }
-
-  // Head h's rows move from offset h * old * D to h * new * D (in place; the order never overwrites unread rows).
-  static void relayout(std::vector<float>& flat, const CacheSpec& c, int old_b, int new_b, int rows) {
-    if (c.num_kv_heads == 1 || rows == 0) return;
-    const size_t d = size_t(c.head_dim), n = size_t(rows) * d;
-    if (new_b > old_b)
-      for (int h = c.num_kv_heads - 1; h > 0; --h)
-        std::memmove(flat.data() + h * new_b * d, flat.data() + h * old_b * d, n * sizeof(float));
-    else
-      for (int h = 1; h < c.num_kv_heads; ++h)
-        std::memmove(flat.data() + h * new_b * d, flat.data() + h * old_b * d, n * sizeof(float));
-  }
-
-  KVLayout layout_;
-  int bucket_size_, spare_;
-  std::vector<std::vector<float>> k_, v_;
-  std::map<std::string, int> bucket_, used_;  // kind -> slots bound; rows [0, used) of each bucket hold data
-  int generation_ = 0;
-};
 
 // ---- sessions --------------------------------------------------------------------------------------------
 struct Runtime {  // the Env and the tables outlive both sessions
@@ -256,8 +170,8 @@ class OrtBackend : public Backend {
     logits_.resize(size_t(t) * vocab_);
     hiddens_.resize(size_t(t) * hidden_);
     std::map<std::string, Ort::Value> in, out;
-    in.emplace("input_ids", tensor(rt_->cpu, ids_.data(), {1, t}));
-    in.emplace("position_ids", tensor(rt_->cpu, positions_.data(), {1, t}));
+    in.emplace(INPUT_IDS, tensor(rt_->cpu, ids_.data(), {1, t}));
+    in.emplace(POSITION_IDS, tensor(rt_->cpu, positions_.data(), {1, t}));
     for (const auto& kind : layout_.kinds()) {  // mask.<kind> [T, S + T] -> the bound [1, 1, T, b + T]
       const Mask& m = masks.at(kind);
       const int s = layout_.slots(kind), b = caches.bucket(kind);
@@ -271,25 +185,25 @@ class OrtBackend : public Backend {
         std::fill(out_row + seen, out_row + b, NEG_INF);
         std::memcpy(out_row + b, row + s, sizeof(float) * size_t(t));
       }
-      in.emplace("mask." + kind, tensor(rt_->cpu, dst.data(), {1, 1, t, b + t}));
+      in.emplace(mask_name(kind), tensor(rt_->cpu, dst.data(), {1, 1, t, b + t}));
     }
-    out.emplace("logits", tensor(rt_->cpu, logits_.data(), {1, t, vocab_}));    // [1, T, V]
-    out.emplace("hidden", tensor(rt_->cpu, hiddens_.data(), {1, t, hidden_}));  // [1, T, H]
+    out.emplace(LOGITS, tensor(rt_->cpu, logits_.data(), {1, t, vocab_}));    // [1, T, V]
+    out.emplace(HIDDEN, tensor(rt_->cpu, hiddens_.data(), {1, t, hidden_}));  // [1, T, H]
     for (size_t i = 0; i < layout_.caches.size(); ++i) {
       const CacheSpec& c = layout_.caches[i];
       const int64_t h = c.num_kv_heads, b = caches.bucket(c.kind), d = c.head_dim;
       const std::string layer = std::to_string(c.layer);
-      in.emplace("k_cache." + layer, tensor(rt_->cpu, caches.k(i), {1, h, b, d}));  // [1, H_kv, b, D]
-      in.emplace("v_cache." + layer, tensor(rt_->cpu, caches.v(i), {1, h, b, d}));
+      in.emplace(k_cache_name(layer), tensor(rt_->cpu, caches.k(i), {1, h, b, d}));  // [1, H_kv, b, D]
+      in.emplace(v_cache_name(layer), tensor(rt_->cpu, caches.v(i), {1, h, b, d}));
       if (shared_) {  // the caches out are the caches in: the graph writes its rows in place
-        out.emplace("k_present." + layer, tensor(rt_->cpu, caches.k(i), {1, h, b, d}));
-        out.emplace("v_present." + layer, tensor(rt_->cpu, caches.v(i), {1, h, b, d}));
+        out.emplace(k_present_name(layer), tensor(rt_->cpu, caches.k(i), {1, h, b, d}));
+        out.emplace(v_present_name(layer), tensor(rt_->cpu, caches.v(i), {1, h, b, d}));
         continue;
       }
       k_new_[i].resize(size_t(h * t * d));
       v_new_[i].resize(size_t(h * t * d));
-      out.emplace("k_new." + layer, tensor(rt_->cpu, k_new_[i].data(), {1, h, t, d}));  // [1, H_kv, T, D]
-      out.emplace("v_new." + layer, tensor(rt_->cpu, v_new_[i].data(), {1, h, t, d}));
+      out.emplace(k_new_name(layer), tensor(rt_->cpu, k_new_[i].data(), {1, h, t, d}));  // [1, H_kv, T, D]
+      out.emplace(v_new_name(layer), tensor(rt_->cpu, v_new_[i].data(), {1, h, t, d}));
     }
     const double start = now_s();
     ort::run(session_, in_names_, in, out_names_, out, path_, RUN_FIX);
@@ -363,21 +277,21 @@ class OrtDrafter : public DrafterBackend {
     hidden_ = hidden;
     pos_ = position_;
     std::map<std::string, Ort::Value> in, out;
-    in.emplace("input_ids", tensor(rt_->cpu, &token_, {1, 1}));                         // [1, 1]
-    in.emplace("hidden", tensor(rt_->cpu, hidden_.data(), {1, 1, int64_t(hidden_size_)}));  // [1, 1, H]
-    in.emplace("position_ids", tensor(rt_->cpu, &pos_, {1, 1}));                         // [1, 1]
+    in.emplace(INPUT_IDS, tensor(rt_->cpu, &token_, {1, 1}));                         // [1, 1]
+    in.emplace(HIDDEN, tensor(rt_->cpu, hidden_.data(), {1, 1, int64_t(hidden_size_)}));  // [1, 1, H]
+    in.emplace(POSITION_IDS, tensor(rt_->cpu, &pos_, {1, 1}));                         // [1, 1]
     for (const auto& src : sources_) {
       const CacheSpec& c = target_.layout_.caches[src.second];
       const int64_t h = c.num_kv_heads, b = target_.caches.bucket(c.kind), d = c.head_dim;
       const std::string layer = std::to_string(c.layer);
-      in.emplace("mask." + src.first, tensor(rt_->cpu, masks_[src.first].data(), {1, 1, 1, b}));
-      in.emplace("k_cache." + layer, tensor(rt_->cpu, target_.caches.k(src.second), {1, h, b, d}));  // [1, H_kv, b, D]
-      in.emplace("v_cache." + layer, tensor(rt_->cpu, target_.caches.v(src.second), {1, h, b, d}));
+      in.emplace(mask_name(src.first), tensor(rt_->cpu, masks_[src.first].data(), {1, 1, 1, b}));
+      in.emplace(k_cache_name(layer), tensor(rt_->cpu, target_.caches.k(src.second), {1, h, b, d}));  // [1, H_kv, b, D]
+      in.emplace(v_cache_name(layer), tensor(rt_->cpu, target_.caches.v(src.second), {1, h, b, d}));
     }
     for (const auto& name : tables_) in.emplace(name, table_tensor(*rt_, *rt_->tables.at(name)));  // [V, H]
-    out.emplace("draft_token_ids", tensor(rt_->cpu, out_ids_.data(), {int64_t(candidates_)}));  // [N]
-    out.emplace("draft_logits", tensor(rt_->cpu, out_logits_.data(), {int64_t(candidates_)}));  // [N]
-    out.emplace("draft_hidden", tensor(rt_->cpu, out_hidden_.data(), {1, 1, int64_t(hidden_size_)}));
+    out.emplace(DRAFT_TOKEN_IDS, tensor(rt_->cpu, out_ids_.data(), {int64_t(candidates_)}));  // [N]
+    out.emplace(DRAFT_LOGITS, tensor(rt_->cpu, out_logits_.data(), {int64_t(candidates_)}));  // [N]
+    out.emplace(DRAFT_HIDDEN, tensor(rt_->cpu, out_hidden_.data(), {1, 1, int64_t(hidden_size_)}));
     const double start = now_s();
     ort::run(session_, in_names_, in, out_names_, out, path_, RUN_FIX);
     kernel_s += now_s() - start;
@@ -408,8 +322,8 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_sessio
   // the tables the target graph reads as initializers (kv.TARGET_TABLES): every table but the drafter's output_table
   std::vector<std::string> target_tables;
   for (const auto& t : rt->tables)
-    if (t.first != "output_table") target_tables.push_back(t.first);
-  if (!rt->tables.count("embed_table") && !rt->tables.count("embed_table_q8"))
+    if (t.first != OUTPUT_TABLE) target_tables.push_back(t.first);
+  if (!rt->tables.count(EMBED_TABLE) && !rt->tables.count(EMBED_Q8))
     throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the onnx bundle has no embed_table", FIX);
   const GraphEntry& entry = m.graphs.at("target");
   const std::string path = join_path(folder, entry.file);

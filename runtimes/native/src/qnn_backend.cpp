@@ -11,12 +11,15 @@
 #include <cstring>
 #include <map>
 
+#include "contract_names.h"
 #include "errors.h"
 #include "ort_common.h"
 #include "qnn_ep.h"
 #include "qnn_fixed.h"
 
 namespace es {
+
+using namespace contract;  // the graph IO names and formats (contract_names.h, generated)
 
 const char* const QNN_PROVIDER_ENV = "EDGE_SPEC_QNN_PROVIDER";
 
@@ -109,8 +112,8 @@ class QnnBackend : public Backend {
       pos_[i] = int32_t(i < t ? positions[i] : positions[t - 1] + 1 + (i - t));
     }
     std::map<std::string, Ort::Value> in, out;
-    in.emplace("input_ids", ort::tensor(cpu, ids_.data(), {1, n}));  // [1, n] int32
-    in.emplace("position_ids", ort::tensor(cpu, pos_.data(), {1, n}));
+    in.emplace(INPUT_IDS, ort::tensor(cpu, ids_.data(), {1, n}));  // [1, n] int32
+    in.emplace(POSITION_IDS, ort::tensor(cpu, pos_.data(), {1, n}));
     for (const auto& kind : layout_.kinds()) {
       const int s = layout_.slots(kind), s_f = shapes.slots.at(kind);
       auto& f = feeds_[kind];
@@ -119,26 +122,26 @@ class QnnBackend : public Backend {
       f.index.resize(size_t(s_f));
       qnn::slot_feeds(masks.at(kind), positions, n, s, s_f, kind == SLIDING, shapes.mask_floor, f.mask.data(),
                       f.keep.data(), f.index.data());
-      in.emplace("mask." + kind, ort::tensor(cpu, f.mask.data(), {1, 1, n, s_f}));  // [1, 1, n, S_f]
+      in.emplace(mask_name(kind), ort::tensor(cpu, f.mask.data(), {1, 1, n, s_f}));  // [1, 1, n, S_f]
       in.emplace("keep." + kind, ort::tensor(cpu, f.keep.data(), {1, 1, n, s_f}));
       in.emplace("slot_index." + kind, ort::tensor(cpu, f.index.data(), {s_f}));  // [S_f] int32
     }
     logits_.resize(size_t(n) * vocab_);
     hiddens_.resize(size_t(n) * hidden_);
-    out.emplace("logits", ort::tensor(cpu, logits_.data(), {1, n, vocab_}));    // [1, n, V]
-    out.emplace("hidden", ort::tensor(cpu, hiddens_.data(), {1, n, hidden_}));  // [1, n, H]
+    out.emplace(LOGITS, ort::tensor(cpu, logits_.data(), {1, n, vocab_}));    // [1, n, V]
+    out.emplace(HIDDEN, ort::tensor(cpu, hiddens_.data(), {1, n, hidden_}));  // [1, n, H]
     k_new_.resize(layout_.caches.size());
     v_new_.resize(layout_.caches.size());
     for (size_t i = 0; i < layout_.caches.size(); ++i) {
       const CacheSpec& c = layout_.caches[i];
       const int64_t h = c.num_kv_heads, s_f = shapes.slots.at(c.kind), d = c.head_dim;
       const std::string layer = std::to_string(c.layer);
-      in.emplace("k_cache." + layer, ort::tensor(cpu, k[i].data(), {1, h, s_f, d}));  // [1, H_kv, S_f, D]
-      in.emplace("v_cache." + layer, ort::tensor(cpu, v[i].data(), {1, h, s_f, d}));
+      in.emplace(k_cache_name(layer), ort::tensor(cpu, k[i].data(), {1, h, s_f, d}));  // [1, H_kv, S_f, D]
+      in.emplace(v_cache_name(layer), ort::tensor(cpu, v[i].data(), {1, h, s_f, d}));
       k_new_[i].resize(size_t(h * n * d));
       v_new_[i].resize(size_t(h * n * d));
-      out.emplace("k_new." + layer, ort::tensor(cpu, k_new_[i].data(), {1, h, n, d}));  // [1, H_kv, n, D]
-      out.emplace("v_new." + layer, ort::tensor(cpu, v_new_[i].data(), {1, h, n, d}));
+      out.emplace(k_new_name(layer), ort::tensor(cpu, k_new_[i].data(), {1, h, n, d}));  // [1, H_kv, n, D]
+      out.emplace(v_new_name(layer), ort::tensor(cpu, v_new_[i].data(), {1, h, n, d}));
     }
     const double start = ort::now_s();
     ort::run(g.session, g.io.input_names, in, g.io.output_names, out, g.path, RUN_FIX);
@@ -293,20 +296,20 @@ class QnnDrafter : public DrafterBackend {
     pos_ = position_;
     Ort::MemoryInfo& cpu = target_.cpu;
     std::map<std::string, Ort::Value> in, out;
-    in.emplace("input_ids", ort::tensor(cpu, &token_, {1, 1}));                        // [1, 1] int32
-    in.emplace("hidden", ort::tensor(cpu, hidden_.data(), {1, 1, hidden_size_}));      // [1, 1, H]
-    in.emplace("position_ids", ort::tensor(cpu, &pos_, {1, 1}));                       // [1, 1] int32
+    in.emplace(INPUT_IDS, ort::tensor(cpu, &token_, {1, 1}));                        // [1, 1] int32
+    in.emplace(HIDDEN, ort::tensor(cpu, hidden_.data(), {1, 1, hidden_size_}));      // [1, 1, H]
+    in.emplace(POSITION_IDS, ort::tensor(cpu, &pos_, {1, 1}));                       // [1, 1] int32
     for (const auto& src : sources_) {
       const CacheSpec& c = layout_.caches[src.second];
       const int64_t h = c.num_kv_heads, s_f = target_.shapes.slots.at(c.kind), d = c.head_dim;
       const std::string layer = std::to_string(c.layer);
-      in.emplace("mask." + src.first, ort::tensor(cpu, masks_[src.first].data(), {1, 1, 1, s_f}));
-      in.emplace("k_cache." + layer, ort::tensor(cpu, target_.k[src.second].data(), {1, h, s_f, d}));  // read in place
-      in.emplace("v_cache." + layer, ort::tensor(cpu, target_.v[src.second].data(), {1, h, s_f, d}));
+      in.emplace(mask_name(src.first), ort::tensor(cpu, masks_[src.first].data(), {1, 1, 1, s_f}));
+      in.emplace(k_cache_name(layer), ort::tensor(cpu, target_.k[src.second].data(), {1, h, s_f, d}));  // read in place
+      in.emplace(v_cache_name(layer), ort::tensor(cpu, target_.v[src.second].data(), {1, h, s_f, d}));
     }
-    out.emplace("draft_token_ids", ort::tensor(cpu, out_ids_.data(), {candidates_}));  // [N] int32
-    out.emplace("draft_logits", ort::tensor(cpu, out_logits_.data(), {candidates_}));  // [N]
-    out.emplace("draft_hidden", ort::tensor(cpu, out_hidden_.data(), {1, 1, hidden_size_}));
+    out.emplace(DRAFT_TOKEN_IDS, ort::tensor(cpu, out_ids_.data(), {candidates_}));  // [N] int32
+    out.emplace(DRAFT_LOGITS, ort::tensor(cpu, out_logits_.data(), {candidates_}));  // [N]
+    out.emplace(DRAFT_HIDDEN, ort::tensor(cpu, out_hidden_.data(), {1, 1, hidden_size_}));
     const double start = ort::now_s();
     ort::run(graph_.session, graph_.io.input_names, in, graph_.io.output_names, out, graph_.path, RUN_FIX);
     kernel_s += ort::now_s() - start;

@@ -8,10 +8,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "contract_names.h"
 #include "errors.h"
 #include "qnn_backend.h"
 
 namespace es {
+
+using namespace contract;  // the graph IO names and formats (contract_names.h, generated)
 namespace qnn {
 
 const char* const FIX = "re-export the bundle: edge-spec export --format qnn --out DIR";
@@ -121,43 +124,43 @@ std::string provider_of(const std::string& given) {
 
 // ---- what the graphs take and give ------------------------------------------------------------------------------
 std::vector<Want> target_inputs(const KVLayout& layout, const FixedShapes& shapes, int n) {
-  std::vector<Want> in = {{"input_ids", I32, {1, n}}, {"position_ids", I32, {1, n}}};
+  std::vector<Want> in = {{INPUT_IDS, I32, {1, n}}, {POSITION_IDS, I32, {1, n}}};
   for (const auto& kind : layout.kinds()) {
     const int64_t s_f = shapes.slots.at(kind);
-    in.push_back({"mask." + kind, F32, {1, 1, n, s_f}});
+    in.push_back({mask_name(kind), F32, {1, 1, n, s_f}});
     in.push_back({"keep." + kind, F32, {1, 1, n, s_f}});
     in.push_back({"slot_index." + kind, I32, {s_f}});
   }
   for (const auto& c : layout.caches)
-    for (const char* name : {"k_cache.", "v_cache."})
-      in.push_back({name + std::to_string(c.layer), F32, {1, c.num_kv_heads, shapes.slots.at(c.kind), c.head_dim}});
+    for (const std::string& name : {k_cache_name(c.layer), v_cache_name(c.layer)})
+      in.push_back({name, F32, {1, c.num_kv_heads, shapes.slots.at(c.kind), c.head_dim}});
   return in;
 }
 
 std::vector<Want> target_outputs(const KVLayout& layout, int n, int vocab, int hidden) {
-  std::vector<Want> out = {{"logits", F32, {1, n, vocab}}, {"hidden", F32, {1, n, hidden}}};
+  std::vector<Want> out = {{LOGITS, F32, {1, n, vocab}}, {HIDDEN, F32, {1, n, hidden}}};
   for (const auto& c : layout.caches)
-    for (const char* name : {"k_new.", "v_new."})
-      out.push_back({name + std::to_string(c.layer), F32, {1, c.num_kv_heads, n, c.head_dim}});
+    for (const std::string& name : {k_new_name(c.layer), v_new_name(c.layer)})
+      out.push_back({name, F32, {1, c.num_kv_heads, n, c.head_dim}});
   return out;
 }
 
 std::vector<Want> drafter_inputs(const KVLayout& layout, const FixedShapes& shapes,
                                  const std::vector<std::pair<std::string, size_t>>& sources, int64_t hidden) {
-  std::vector<Want> in = {{"input_ids", I32, {1, 1}}, {"hidden", F32, {1, 1, hidden}}, {"position_ids", I32, {1, 1}}};
+  std::vector<Want> in = {{INPUT_IDS, I32, {1, 1}}, {HIDDEN, F32, {1, 1, hidden}}, {POSITION_IDS, I32, {1, 1}}};
   for (const auto& src : sources) {
     const CacheSpec& c = layout.caches[src.second];
     const int64_t s_f = shapes.slots.at(c.kind);
-    in.push_back({"mask." + src.first, F32, {1, 1, 1, s_f}});
-    for (const char* name : {"k_cache.", "v_cache."})
-      in.push_back({name + std::to_string(c.layer), F32, {1, c.num_kv_heads, s_f, c.head_dim}});
+    in.push_back({mask_name(src.first), F32, {1, 1, 1, s_f}});
+    for (const std::string& name : {k_cache_name(c.layer), v_cache_name(c.layer)})
+      in.push_back({name, F32, {1, c.num_kv_heads, s_f, c.head_dim}});
   }
   return in;
 }
 
 std::vector<Want> drafter_outputs(int64_t candidates, int64_t hidden) {
-  return {{"draft_token_ids", I32, {candidates}}, {"draft_logits", F32, {candidates}},
-          {"draft_hidden", F32, {1, 1, hidden}}};
+  return {{DRAFT_TOKEN_IDS, I32, {candidates}}, {DRAFT_LOGITS, F32, {candidates}},
+          {DRAFT_HIDDEN, F32, {1, 1, hidden}}};
 }
 
 // ---- the placed form's feeds ----------------------------------------------------------------------------------

@@ -106,7 +106,26 @@ int main(int argc, char** argv) {
   check(status == ES_ERR_BUNDLE && runner == NULL, "es_open of a missing folder returns ES_ERR_BUNDLE", es_open_error());
   check(strstr(es_open_error(), "/nonexistent/bundle") != NULL, "the open error names the folder", es_open_error());
 
-  es_default_open_options(&open_options);
+  /* the options struct's size (API version 2): es_open_options_init sets it; a size the library does not know is
+     refused before anything is opened, naming the field and the fix; a size es_open_options_defaults does not know
+     writes nothing */
+  check(es_open_options_init(&open_options) == ES_OK && open_options.struct_size == sizeof(es_open_options) &&
+            open_options.verify_checksums == 1 && open_options.host_check == 1 && open_options.threads == 0,
+        "es_open_options_init sets struct_size and the defaults", NULL);
+  {
+    es_open_options odd = open_options;
+    odd.struct_size = sizeof(es_open_options) - 8; /* an app compiled against another header */
+    status = es_open(argv[1], &odd, &runner);
+    check(status == ES_ERR_VERSION && runner == NULL, "es_open refuses an unknown struct_size with ES_ERR_VERSION",
+          es_open_error());
+    check(strstr(es_open_error(), "struct_size") != NULL && strstr(es_open_error(), "fix:") != NULL,
+          "the version error names struct_size and the fix", es_open_error());
+    odd.threads = 7;
+    check(es_open_options_defaults(&odd, sizeof(es_open_options) + 8) == ES_ERR_VERSION && odd.threads == 7,
+          "es_open_options_defaults refuses an unknown size and writes nothing", NULL);
+  }
+
+  es_open_options_init(&open_options);
   open_options.threads = 2;
   status = es_open(argv[1], &open_options, &runner);
   if (status != ES_OK) {
@@ -184,6 +203,25 @@ int main(int argc, char** argv) {
     memset(&early, 0, sizeof early);
     status = es_generate_ids(runner, prompt, n_prompt, &options, on_token, &early, &stats);
     check(status == ES_OK && early.n == spec.n, "the run after an early cancel is whole", es_last_error(runner));
+  }
+
+  {
+    /* threads: more than the cores is capped (the backend's identity never shows 100000), < 0 refused; last, as
+       executorch's thread pool is the process's */
+    es_runner* other = NULL;
+    es_open_options many = open_options;
+    many.threads = 100000;
+    many.host_check = 0;
+    many.verify_checksums = 0;
+    status = es_open(argv[1], &many, &other);
+    check(status == ES_OK && other != NULL, "threads beyond the core count open (capped)", es_open_error());
+    if (other) check(strstr(es_bundle_info_json(other), "100000") == NULL, "the thread count is capped",
+                     es_bundle_info_json(other));
+    es_close(other);
+    many.threads = -1;
+    status = es_open(argv[1], &many, &other);
+    check(status == ES_ERR_ARGUMENT && other == NULL && strstr(es_open_error(), "threads") != NULL,
+          "threads < 0 is ES_ERR_ARGUMENT", es_open_error());
   }
 
   printf("{");

@@ -30,10 +30,13 @@ const Value* Value::find(const std::string& key) const {
 
 Reader::Reader(const std::string& text, std::string origin) : text_(text), origin_(std::move(origin)) {}
 
-void Reader::fail(const std::string& what) const {
-  throw TokenizerError(origin_ + ": invalid JSON at byte " + std::to_string(pos_) + ": " + what +
-                       " (the file is damaged; re-export the bundle)");
-}
+SyntaxError::SyntaxError(const std::string& origin, size_t offset, const std::string& detail)
+    : TokenizerError(origin + ": invalid JSON at byte " + std::to_string(offset) + ": " + detail +
+                     " (the file is damaged; re-export the bundle)"),
+      offset_(offset),
+      detail_(detail) {}
+
+void Reader::fail(const std::string& what) const { throw SyntaxError(origin_, pos_, what); }
 
 void Reader::skip_ws() {
   while (pos_ < text_.size()) {
@@ -64,6 +67,7 @@ Type Reader::peek() {
     case '{': return Type::Object;
     default:
       if (c == '-' || (c >= '0' && c <= '9')) return Type::Number;
+      if (python_constants_ && (c == 'N' || c == 'I')) return Type::Number;
       fail(std::string("unexpected character '") + c + "'");
   }
 }
@@ -83,6 +87,13 @@ bool Reader::read_bool() {
 
 double Reader::read_number() {
   skip_ws();
+  if (python_constants_) {  // NaN, Infinity, -Infinity (Python's json.dumps)
+    for (const char* word : {"NaN", "Infinity", "-Infinity"})
+      if (text_.compare(pos_, std::char_traits<char>::length(word), word) == 0) {
+        pos_ += std::char_traits<char>::length(word);
+        return word[0] == 'N' ? NAN : word[0] == '-' ? -INFINITY : INFINITY;
+      }
+  }
   size_t start = pos_;
   auto digit = [&](size_t p) { return p < text_.size() && text_[p] >= '0' && text_[p] <= '9'; };
   if (pos_ < text_.size() && text_[pos_] == '-') ++pos_;
@@ -200,6 +211,7 @@ std::string Reader::read_string() {
 
 void Reader::begin_object() {
   expect('{');
+  if (started_.size() >= MAX_DEPTH) fail("nesting deeper than " + std::to_string(MAX_DEPTH - 1));
   started_.push_back(false);
 }
 
@@ -221,6 +233,7 @@ bool Reader::next_key(std::string& key) {
 
 void Reader::begin_array() {
   expect('[');
+  if (started_.size() >= MAX_DEPTH) fail("nesting deeper than " + std::to_string(MAX_DEPTH - 1));
   started_.push_back(false);
 }
 

@@ -1,8 +1,12 @@
-// json.h - a small, strict JSON reader (RFC 8259): a pull reader for the big arrays of tokenizer.json
-// (vocab, merges) and a tiny DOM for the small objects around them (normalizer, decoder, configs).
+// json.h - the native runner's one JSON reader, strict (RFC 8259): a pull reader for the big arrays of
+// tokenizer.json (vocab, merges) and a tiny DOM for the small objects around them (normalizer, decoder, configs).
+// The runner's es::Json (runtimes/native/src/json.h: manifest.json, the host check's cache, the test vectors) is
+// built on this Reader too (CMake's edge_spec_json library: this file + utf8.cpp).
 //
-// Strict: no comments, no trailing commas, no NaN, no leading zeros, no control characters in strings,
-// surrogate pairs checked. Errors throw es::TokenizerError with the origin and the byte offset.
+// Strict: no comments, no trailing commas, no NaN (unless allow_python_constants: Python's json.dumps writes NaN,
+// Infinity, -Infinity), no leading zeros, no control characters in strings, surrogate pairs checked, at most
+// MAX_DEPTH nested containers. Errors throw es::json::SyntaxError (an es::TokenizerError) with the origin and the
+// byte offset.
 
 #ifndef ES_TOKENIZER_JSON_H
 #define ES_TOKENIZER_JSON_H
@@ -13,8 +17,25 @@
 #include <string>
 #include <vector>
 
+#include "es_tokenizer.h"
+
 namespace es {
 namespace json {
+
+constexpr size_t MAX_DEPTH = 257;  // nested arrays / objects (deeper input is refused, not a stack overflow)
+
+// A malformed document: what() is "<origin>: invalid JSON at byte N: <detail> (the file is damaged; re-export the
+// bundle)"; offset() and detail() give the parts (es::Json words its own message from them).
+class SyntaxError : public TokenizerError {
+ public:
+  SyntaxError(const std::string& origin, size_t offset, const std::string& detail);
+  size_t offset() const { return offset_; }
+  const std::string& detail() const { return detail_; }
+
+ private:
+  size_t offset_;
+  std::string detail_;
+};
 
 enum class Type { Null, Bool, Number, String, Array, Object };
 
@@ -37,6 +58,8 @@ struct Value {
 class Reader {
  public:
   Reader(const std::string& text, std::string origin);
+  // Also read Python's json.dumps constants NaN, Infinity, -Infinity as numbers (es::Json does; tokenizer.json never).
+  void allow_python_constants() { python_constants_ = true; }
 
   Type peek();                         // the type of the next value (skips whitespace)
   void read_null();
@@ -65,6 +88,7 @@ class Reader {
   const std::string& text_;
   std::string origin_;
   size_t pos_ = 0;
+  bool python_constants_ = false;
   // per open container: has it produced an element yet (for comma handling)
   std::vector<bool> started_;
 };

@@ -157,7 +157,7 @@ JNIEXPORT jlong JNICALL Java_dev_edgespec_runner_NativeBridge_open(JNIEnv* env, 
     return 0;
   }
   es_open_options options;
-  es_default_open_options(&options);
+  es_open_options_init(&options);  // struct_size = this header's sizeof (API version 2), the defaults
   options.threads = threads;
   options.verify_checksums = verify_checksums ? 1 : 0;
   options.host_check = host_check ? 1 : 0;

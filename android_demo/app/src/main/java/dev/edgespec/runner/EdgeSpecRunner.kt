@@ -17,6 +17,7 @@ object Status {
     const val ENCODING = 5
     const val CANCELLED = 6
     const val INTERNAL = 7
+    const val VERSION = 8
 
     fun name(code: Int): String = when (code) {
         OK -> "ok"
@@ -27,6 +28,7 @@ object Status {
         ENCODING -> "encoding"
         CANCELLED -> "cancelled"
         INTERNAL -> "internal"
+        VERSION -> "version"
         else -> "status $code"
     }
 }
