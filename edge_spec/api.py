@@ -159,6 +159,10 @@ class Engine:
         the C API: k chosen per pass from measured costs; False drafts exactly `spec_k` every pass)."""
         params = SamplingParams(temperature, top_k, top_p)  # validates before any work
         check_seed(seed)
+        if seed is not None and not params.greedy:
+            # a seed promises the same sample again; adaptive k follows measured timings, and another k makes other
+            # random draws (the same distribution, another sample): seeded sampling drafts a fixed k
+            adaptive = False
         spec_k = self.default_spec_k if spec_k is None else spec_k
         if isinstance(prompt, (list, tuple, np.ndarray)):
             ids = check_ids(list(prompt), self.vocab_size)

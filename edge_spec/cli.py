@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edge_spec.train.cli import add_parsers
 
     add_parsers(sub)
+    from edge_spec.serve.command import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 
@@ -284,11 +287,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from edge_spec.serve.command import main as serve_main
+
+    return serve_main(args)
+
+
 def _commands() -> dict:
     from edge_spec.train.cli import COMMANDS as drafter_commands
 
     return {"generate": cmd_generate, "export": cmd_export, "check": cmd_check, "bench": cmd_bench,
-            "bench-head": cmd_bench_head,
+            "bench-head": cmd_bench_head, "serve": cmd_serve,
             **drafter_commands}
 
 
