@@ -25,8 +25,8 @@ QUANT  ?= int4
 KV     ?= shared
 BUNDLE ?= bundles/smollm2-$(QUANT)-$(KV)
 
-# main job: export SmolLM2 + its built-in drafter to an ONNX bundle (int4: holds the embedded GGUF's Q4_1 body
-# weights exactly; QUANT=int8, fp32 or fp16 also work), continue a code prompt plainly and speculatively with
+# main job: export SmolLM2 + its built-in drafter to an ONNX bundle (int4: onnxruntime's native 4-bit grid, as
+# onnxruntime-genai's int4; QUANT=int4-gguf keeps the embedded GGUF's Q4_1 weights bit for bit; int8, fp32, fp16), continue a code prompt plainly and speculatively with
 # onnxruntime (each run prints its speed, the speculative one tau), check exactness on this CPU, then
 # `edge-spec bench` on a chat, a documentation and a code prompt (edge_spec/assets/prompts/demo.jsonl) with
 # onnxruntime-genai's own model of the same checkpoint decoding each prompt right after us; its last line is

@@ -30,6 +30,8 @@ from edge_spec.decoding.hostcheck import HostCheck, checked
 from edge_spec.contract.kv import KVLayout
 from edge_spec.contract.manifest import Manifest, content_id, read_manifest
 from edge_spec.contract.manifest_check import check_memory
+from edge_spec.decoding.datastore import Datastore
+from edge_spec.decoding.datastore_source import load_bundle_datastore, target_datastore
 from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import check_spec_args, generate_speculative
 from edge_spec.loading.tokenizer import StreamDecoder, Tokenizer
@@ -98,8 +100,10 @@ class Engine:
 
     def __init__(self, *, session: Session, tokenizer, stop_ids: frozenset[int], vocab_size: int,
                  drafter: DrafterBackend | None = None, runtime: str = EAGER_RUNTIME, max_draft_len: int | None = None,
-                 manifest: Manifest | None = None, loaded: LoadedModel | None = None):
+                 manifest: Manifest | None = None, loaded: LoadedModel | None = None,
+                 datastore: Datastore | None = None):
         self.session = session
+        self.datastore = datastore  # the static datastore drafter (edge_spec.decoding.datastore), None: none
         # the host check (edge_spec.decoding.hostcheck): None until `check_host` ran; loaders run it when there is a drafter
         self.exactness: HostCheck | None = None
         self.exactness_cached = False
@@ -147,14 +151,15 @@ class Engine:
                  stream: Callable[[str], None] | None = None, speculative: bool | None = None,
                  spec_k: int | None = None, adaptive: bool = True,
                  min_confidence: float = DEFAULT_MIN_CONFIDENCE, allow_inexact: bool = False,
-                 lookup: bool = True) -> GenerationResult:
+                 lookup: bool = True, datastore: bool = True) -> GenerationResult:
         """Generate from a text prompt (or token ids). `stream` receives text deltas as they decode.
 
         Speculative decoding is on by default when the engine has a drafter (`speculative=False` turns
         it off); the output distribution is the target's either way (greedy: identical tokens). Where the host
         check found this host's kernels not batch-invariant, speculative decoding is replaced by plain decoding
         and `result.extra["notice"]` says so (`allow_inexact=True` runs it anyway: benchmarks that report
-        per-prompt exactness). `lookup`: retrieval drafting first (edge_spec.decoding.lookup), the MTP drafter otherwise.
+        per-prompt exactness). `lookup`: retrieval drafting first (edge_spec.decoding.lookup); then, with `datastore` and
+        an engine that has one, the static datastore (edge_spec.decoding.datastore); the MTP drafter otherwise.
         `spec_k` (None: `default_spec_k`): drafts per pass, the most with `adaptive` (the default, as in the CLI and
         the C API: k chosen per pass from measured costs; False drafts exactly `spec_k` every pass)."""
         params = SamplingParams(temperature, top_k, top_p)  # validates before any work
@@ -199,7 +204,7 @@ class Engine:
             result = generate_speculative(self.session, self.drafter, ids, max_new_tokens=max_new_tokens, params=params,
                                           rng=rng, stop_ids=self.stop_ids, k=spec_k, vocab_size=self.vocab_size,
                                           adaptive=adaptive, min_confidence=min_confidence, on_token=on_token,
-                                          lookup=lookup)
+                                          lookup=lookup, datastore=self.datastore if datastore else None)
         else:
             result = generate_plain(self.session, ids, max_new_tokens=max_new_tokens, params=params, rng=rng,
                                     stop_ids=self.stop_ids, on_token=on_token)
@@ -215,6 +220,8 @@ def _torch_engine(loaded: LoadedModel, drafter: Drafter | None, layout: KVLayout
 
     backend = TorchBackend(loaded.model, layout, threads=check_threads(threads) or DEFAULT_TORCH_THREADS)
     runner = TorchDrafter(drafter, backend, pair(loaded.model, drafter)) if drafter is not None else None
+    if "datastore" not in extra and runner is not None:  # a checkpoint: its committed regenerated answers, if any
+        extra["datastore"] = target_datastore(loaded.name, loaded.config.vocab_size)
     engine = Engine(session=Session(backend, prefill_chunk=prefill_chunk), tokenizer=loaded.tokenizer,
                     stop_ids=loaded.stop_ids, vocab_size=loaded.config.vocab_size, drafter=runner, runtime=EAGER_RUNTIME,
                     loaded=loaded, **extra)
@@ -288,7 +295,8 @@ def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int 
     check_runtime(runtime)
     options = check_options(format_of_runtime(runtime), options, RUN, runtime=runtime)
     layout = _bundle_layout(manifest, max_context)
-    extra = {"max_draft_len": manifest.max_draft_len, "manifest": manifest}
+    extra = {"max_draft_len": manifest.max_draft_len, "manifest": manifest,
+             "datastore": load_bundle_datastore(folder, manifest.datastore, manifest.vocab_size)}
     if runtime == EAGER_RUNTIME:
         loaded, drafter = _bundle_sources(manifest, fmt.runtime)
         return _torch_engine(loaded, drafter, layout, threads, host_check=host_check, **extra)

@@ -39,6 +39,9 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-lookup", dest="lookup", action="store_false",
                    help="draft with the MTP drafter only (default: retrieval first - the continuation of the text's "
                         "latest earlier occurrence of its recent words - and the drafter when nothing matches)")
+    p.add_argument("--no-datastore", dest="datastore", action="store_false",
+                   help="no static datastore drafting (default: after prompt lookup, the continuation of the text's "
+                        "recent words in the target's own earlier answers, where the bundle or model has a datastore)")
 
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -93,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "if larger)")
     exp.add_argument("--kv", default=None, choices=[BINDING_IO, BINDING_STATE, BINDING_SHARED], help=cli_options.kv_help())
     cli_options.add_format_options(exp, EXPORT)
+    exp.add_argument("--no-datastore", dest="datastore", action="store_false",
+                     help="ship no static datastore (default: datastore.bin built from the target's committed "
+                          "regenerated answers, data/regenerated/<target>, where there are any)")
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
     check = sub.add_parser("check", help="probe whether this host keeps a bundle batch-invariant (verify rows == "
                                          "decode steps bit for bit), which exact speculative decoding needs")
@@ -119,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_peer_arguments(bench)
     bench.add_argument("--no-lookup", dest="lookup", action="store_false",
                        help="speculative configurations draft with the MTP drafter only (default: retrieval first)")
+    bench.add_argument("--no-datastore", dest="datastore", action="store_false",
+                       help="speculative configurations draft without the static datastore (default: with it, where "
+                            "the bundle or model has one)")
     bench.add_argument("--require-exact", action="store_true",
                        help="exit 1 if greedy speculative output differed from plain on any prompt, or the host check "
                             "found this host's kernels not batch-invariant")
@@ -192,6 +201,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from edge_spec.contract.atomic import check_out
     from edge_spec.contract.bundle import export_bundle
     from edge_spec.contract.formats import check_binding, check_options, check_precision, exporter, get_format
+    from edge_spec.decoding.datastore_source import bundle_datastore
     from edge_spec.loading.checkpoints import load as load_checkpoint
     from edge_spec.loading.checkpoints import load_drafter
 
@@ -220,7 +230,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         out = export_bundle(target, args.out, format=args.format, drafter=drafter,
                             drafter_source=str(drafter_folder.resolve()) if drafter_folder else None,
                             precision=args.quant, max_context=args.max_context, max_draft_len=args.max_draft_len,
-                            max_pass=args.max_pass, progress=progress, binding=args.kv, **options)
+                            max_pass=args.max_pass, progress=progress, binding=args.kv,
+                            datastore=bundle_datastore(args.model, target.config.vocab_size) if args.datastore else None,
+                            **options)
         bar.set_postfix_str("done")
     finally:
         bar.close()
@@ -272,7 +284,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=args.chat,
                              stream=None if args.quiet else stream, speculative=False if args.no_spec else None,
                              spec_k=spec_k, adaptive=args.adaptive, min_confidence=args.min_confidence,
-                             lookup=args.lookup)
+                             lookup=args.lookup, datastore=args.datastore)
     if args.quiet:
         sys.stdout.write(result.text)
     sys.stdout.write("\n")

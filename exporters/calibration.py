@@ -47,3 +47,46 @@ def stream_scale(target: LoadedModel) -> tuple[int, float]:
 
     peak = headroom.stream_peak(target.model, run, prompts)
     return headroom.scale_for(peak), peak
+
+
+LINEAR_PROMPTS = 9  # bench prompts the int4 grids are calibrated on (never the held-out sets the docs score on)
+LINEAR_TOKENS = 160
+
+
+def linear_key(weight: np.ndarray) -> tuple[int, bytes]:
+    """A Linear's identity as an exported MatMul shows it: (K, the bytes of its first output row). A packed
+    projection (q/k/v, gate/up as one MatMul) starts with its first member's row, whose input it shares.
+    weight: [N, K] (torch's layout)."""
+    return weight.shape[1], np.ascontiguousarray(weight[0], dtype=np.float32).tobytes()
+
+
+def linear_input_stats(target: LoadedModel) -> dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]]:
+    """Per Linear of the target (by `linear_key`): each input channel's mean and mean square, [K] float64 each, over
+    the bench prompts' tokens in eager fp32 - what the int4 grid fit weighs rounding errors by
+    (exporters/onnx_passes.fit_zero_point_grid)."""
+    import torch
+
+    from edge_spec.runtimes.torch import TorchBackend  # the reference runtime (imports torch-side modules)
+
+    prompts = prompt_ids(target, LINEAR_PROMPTS, LINEAR_TOKENS)
+    layout = kv_layout(target.config, max(len(p) for p in prompts) + 1)
+    sums: dict[torch.nn.Module, list] = {}
+
+    def record(module, inputs):
+        x = inputs[0].detach().double().reshape(-1, inputs[0].shape[-1])  # [tokens, K]
+        acc = sums.setdefault(module, [0, 0.0, 0.0])
+        acc[0] += x.shape[0]
+        acc[1] = acc[1] + x.sum(0)
+        acc[2] = acc[2] + (x * x).sum(0)
+
+    linears = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks = [m.register_forward_pre_hook(record) for m in linears]
+    try:
+        with torch.no_grad():
+            for ids in prompts:
+                Session(TorchBackend(target.model.eval(), layout), prefill_chunk=len(ids)).forward(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {linear_key(module.weight.detach().float().numpy()): ((s1 / n).numpy(), (s2 / n).numpy())
+            for module, (n, s1, s2) in sums.items()}

@@ -24,14 +24,17 @@ Choices (see docs/architecture.md, "ONNX Runtime path"):
     (the runtime binds one memory-mapped buffer to both), so the drafter embeds tokens - and a
     `head_from="target"` drafter scores them - without a second copy. An untied target with such a
     drafter also gets `output_table.bin` (its lm_head), the one case with a duplicate. int8 / int4 bundles of a
-    tied target store no float table at all: the 8-bit output head's codes and scales are the table
-    (`onnx/embed_table_q8.bin`, `embed_table_scales.bin`), gathered by both graphs (exporters/onnx_tables.py);
-  * precisions: fp32; fp16 (onnxruntime's float16 converter, float32 IO, `to_float16`); int8 / int4 =
-    weight-only MatMulNBits (blocks of 32, int8 activations = accuracy level 4): int8 symmetric codes (as
-    Q8_0: no offset term, ~14% faster than asymmetric), int4 asymmetric min/max codes (GGUF Q4_1 weights
-    exactly) with an 8-bit symmetric output head (Q8_0's grid). onnxruntime's own quantizers were measured and rejected:
-    quantize_dynamic (per-tensor uint8 activations) and symmetric int4 agreed with fp32 on only ~60% of
-    SmolLM2's top-1 tokens;
+    tied target store no float table at all: the quantized output head's codes, scales (and zero points) are the
+    table (`onnx/embed_table_q8.bin` or `embed_table_q4.bin`, ...), gathered by both graphs (exporters/onnx_tables.py);
+  * precisions: fp32; fp16 (onnxruntime's float16 converter, float32 IO, `to_float16`); int8 / int4 / int4-gguf =
+    weight-only MatMulNBits (blocks of 32, int8 activations = accuracy level 4): int8 symmetric codes (as Q8_0: no
+    offset term); int4 onnxruntime's native grid (integer zero points, 4-bit tied head and table, as
+    onnxruntime-genai's int4; each block's scale and zero point fitted to the layer inputs' statistics on the bench
+    prompts, exporters/calibration.linear_input_stats + onnx_passes.fit_zero_point_grid); int4-gguf asymmetric min/max
+    codes (a GGUF's Q4_1 weights exactly) + a per-block offset term, 8-bit symmetric head (Q8_0's grid). Top-1
+    agreement with fp32 and bytes of each: docs/benchmarks.md. onnxruntime's own quantizers were measured and rejected:
+    quantize_dynamic (per-tensor uint8 activations) and symmetric int4 agreed with fp32 on only ~60% of SmolLM2's
+    top-1 tokens;
   * exporter: dynamo (default; leaner graphs, ~15% faster decode than TorchScript's shape-op chains) or
     TorchScript (`exporter="torchscript"`, ~10x faster to export). Both work with torch 2.13.
 
@@ -64,7 +67,8 @@ from edge_spec.model.forms import SPLIT, Form, Slots
 from edge_spec.model.ops import EAGER, Ops
 from edge_spec.model.transformer import Transformer
 from edge_spec.exporters.onnx_fused import FusedOps
-from edge_spec.exporters.onnx_passes import (ONNX_DIR, QUANT_BITS, TABLE_FILES, rename_embedding_table, quantize,
+from edge_spec.exporters import calibration
+from edge_spec.exporters.onnx_passes import (ONNX_DIR, QUANT, TABLE_FILES, ZERO_POINT, rename_embedding_table, quantize,
                                              save_graph, write_table)
 from edge_spec.exporters.onnx_tables import quantize_drafter_table, quantize_gather_tables, share_table
 
@@ -304,10 +308,14 @@ def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dic
     proto = export_target(target.model, layout, exporter=exporter, attention=attention)
     rename_embedding_table(proto, embedding)
     step(f"quantizing the target graph ({precision})" if precision != "fp32" else "saving the target graph")
-    proto = quantize(proto, precision, cfg.vocab_size)
-    # int8 / int4 of a tied target: the head's 8-bit bytes are the one vocabulary table (exporters/onnx_tables.py)
-    shared = share_table(proto, embedding) if precision in QUANT_BITS else None
-    arrays = {kv.EMBED_TABLE: embedding} if shared is None else dict(zip((kv.EMBED_Q8, kv.EMBED_SCALES), shared))
+    stats = None
+    if precision in QUANT and QUANT[precision].grid == ZERO_POINT:  # int4: activation-aware grids (onnx_passes)
+        stats = calibration.linear_input_stats(target)
+    proto = quantize(proto, precision, cfg.vocab_size, stats)
+    # int8 / int4 of a tied target: the head's quantized bytes are the one vocabulary table (exporters/onnx_tables.py)
+    shared = share_table(proto, embedding) if precision in QUANT else None
+    arrays = {kv.EMBED_TABLE: embedding} if shared is None else shared
+    bits = kv.table_bits(arrays)
     tables = {name: _table_entry(tmp, name, array) for name, array in arrays.items()}
     if needs_output_table(cfg, drafter):
         tables[kv.OUTPUT_TABLE] = _table_entry(tmp, kv.OUTPUT_TABLE, target.model.lm_head.weight.detach().float().numpy())
@@ -320,12 +328,12 @@ def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dic
         step(f"quantizing the drafter graph ({precision})" if precision != "fp32" else "saving the drafter graph")
         dproto = quantize(dproto, precision, cfg.vocab_size)
         if shared is not None:
-            quantize_drafter_table(dproto, cfg.vocab_size, cfg.hidden_size)
-        if precision in QUANT_BITS:  # its own vocabulary-sized tables (a derived token table) on the same 8-bit grid
-            quantize_gather_tables(dproto, cfg.vocab_size)
+            quantize_drafter_table(dproto, cfg.vocab_size, cfg.hidden_size, bits)
+        if precision in QUANT:  # its own vocabulary-sized tables (a derived token table) on the head's grid
+            quantize_gather_tables(dproto, cfg.vocab_size, QUANT[precision].head_bits)
         save_graph(dproto, tmp / DRAFTER_FILE, {})
         io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size, drafter.cfg.candidates_per_step,
-                           needs_output_table(cfg, drafter), quantized_table=shared is not None)
+                           needs_output_table(cfg, drafter), table_bits=bits)
         graphs["drafter"] = GraphEntry(DRAFTER_FILE, precision, io)
     return graphs, tables
 

@@ -7,7 +7,9 @@ Input: the exported fp32 ModelProto; output: the graph the bundle ships (exporte
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -19,14 +21,35 @@ from edge_spec.errors import ExportError
 from edge_spec.logs import quiet
 
 ONNX_DIR = "onnx"
-TABLE_FILES = {kv.EMBED_TABLE: f"{ONNX_DIR}/embed_table.bin", kv.OUTPUT_TABLE: f"{ONNX_DIR}/output_table.bin",
-               kv.EMBED_Q8: f"{ONNX_DIR}/embed_table_q8.bin", kv.EMBED_SCALES: f"{ONNX_DIR}/embed_table_scales.bin"}
+TABLE_FILES = {name: f"{ONNX_DIR}/{name}.bin" for name in (kv.EMBED_TABLE, kv.OUTPUT_TABLE, kv.EMBED_Q8, kv.EMBED_Q4,
+                                                           kv.EMBED_SCALES, kv.EMBED_ZERO_POINTS)}
 QUANT_BLOCK = 32
-# precision -> (weight bits, output-head bits, symmetric codes)
-QUANT_BITS = {"int8": (8, 8, True), "int4": (4, 8, False)}  # precision -> (body bits, head bits, symmetric body)
-# MatMulNBits with int8 activations: the only fast CPU kernels (fp32 activations, or float zero points, ran ~10x
-# slower here, and 8-bit float zero points are refused), so int4's asymmetric codes keep the symmetric kernel and
-# add a per-block offset term; int8 is symmetric like llama.cpp's Q8_0 and needs no offset term.
+# the weight grids of a block of 32 (MatMulNBits' kernels with int8 activations, accuracy level 4, take the first two)
+SYMMETRIC, ZERO_POINT, OFFSET = "symmetric", "zero_point", "offset"
+
+
+@dataclass(frozen=True)
+class Quant:
+    """A quantized precision: the body's bits and grid, the output head's (a tied head's codes are the table)."""
+
+    bits: int
+    grid: str
+    head_bits: int
+    head_grid: str
+
+
+QUANT = {
+    # symmetric codes, llama.cpp's Q8_0 grid: no offset term (~14% faster than asymmetric codes)
+    "int8": Quant(8, SYMMETRIC, 8, SYMMETRIC),
+    # onnxruntime's native 4-bit grid: integer zero points, round-to-nearest over [min(lo, 0), max(hi, 0)] per block
+    # (what onnxruntime's and onnxruntime-genai's quantizers build); the tied head and the table 4-bit too
+    "int4": Quant(4, ZERO_POINT, 4, ZERO_POINT),
+    # a GGUF's Q4_1 blocks (lo + d * q) bit for bit: symmetric codes + a per-block offset term (the block minimum),
+    # which integer zero points cannot hold; 8-bit head (Q8_0's grid: a Q8_0 token table exactly)
+    "int4-gguf": Quant(4, OFFSET, 8, SYMMETRIC),
+}
+# fp32 activations, or float zero points, ran ~10x slower here (docs/benchmarks.md), so every grid above keeps the
+# int8-activation kernels
 ACCURACY_LEVEL = 4
 
 
@@ -69,36 +92,107 @@ def _fold_weight_transposes(proto: onnx.ModelProto) -> None:
     _drop_unused_initializers(proto)
 
 
-def quantize_blocks(w: np.ndarray, bits: int, block: int = QUANT_BLOCK, *, symmetric: bool = False
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Block quantization of a MatMul weight w [K, N] (blocks of `block` along K, per output column).
+class Blocks(NamedTuple):
+    """A MatMulNBits weight: codes [N, K/block, block * bits / 8] uint8 (two 4-bit codes per byte, the first in the
+    low nibble), scales [N * K/block] float32, and per grid zero points [N * ceil(K/block * bits / 8)] uint8 (packed
+    per column like the codes) or offsets [K/block, N] float32."""
 
-    Returns (packed [N, K/block, block * bits / 8] uint8, scales [N * K/block], offsets [K/block, N] or None)
-    with w[k, n] ~= (q[k, n] - 2^(bits-1)) * scale[n, k // block] (+ offset[k // block, n]), q in [0, 2^bits).
-    Asymmetric: a block's min and max are represented exactly, so GGUF Q4_1 / Q8_1 weights (min + d * q) come
-    back bit-exact (SmolLM2's built-in GGUF is Q4_1). Symmetric (no offset): scale = max |w| / (2^(bits-1) - 1),
-    as llama.cpp's Q8_0.
+    codes: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+
+
+def _pack4(q: np.ndarray) -> np.ndarray:
+    """[..., 2m] values in 0..15 -> [..., m] uint8, the first of each pair in the low nibble."""
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+SCALE_STEPS = np.linspace(0.85, 1.15, 13)  # the fit's scales, x the round-to-nearest one
+ZERO_STEPS = (-1, 0, 1)  # ... and zero points around each scale's nearest one
+FIT_ROWS = 4096  # output columns fitted at once (memory: ~ rows x K x 4 bytes per temporary)
+
+
+def fit_zero_point_grid(wt: np.ndarray, mean: np.ndarray, var: np.ndarray, bits: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """The zero-point grid per block that minimises the expected squared output error: wt [N, kb, B] (blocks of one
+    output column), the input channels' mean and variance [kb, B]. Searches scale x SCALE_STEPS and zero point +
+    ZERO_STEPS around round-to-nearest and keeps, per block, the grid whose rounding error e has the least
+        E[(x . e)^2] ~= sum_i var_i e_i^2 + (sum_i mean_i e_i)^2
+    (diagonal covariance plus the mean): a grid that shifts a whole block one way (what re-quantizing a Q4_1 block
+    onto an integer zero point does) is charged for the block's mean activation times that shift. Returns (scale
+    [N, kb] float32, zero point [N, kb] uint8)."""
+    levels = 2 ** bits - 1
+    v, mu = var[None].astype(np.float32), mean[None].astype(np.float32)  # [1, kb, B]
+    best_scale = np.empty(wt.shape[:2], np.float32)
+    best_zero = np.empty(wt.shape[:2], np.uint8)
+    for r0 in range(0, wt.shape[0], FIT_ROWS):
+        w = wt[r0:r0 + FIT_ROWS]
+        lo, hi = np.minimum(w.min(-1), 0), np.maximum(w.max(-1), 0)
+        base = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
+        cost = np.full(w.shape[:2], np.inf, np.float32)
+        scale_out, zero_out = base.copy(), np.zeros(w.shape[:2], np.float32)
+        for f in SCALE_STEPS:
+            sc = (base * np.float32(f)).astype(np.float32)
+            z0 = np.rint(-lo / sc)
+            for dz in ZERO_STEPS:
+                z = np.clip(z0 + dz, 0, levels).astype(np.float32)
+                q = np.clip(np.rint(w / sc[..., None]) + z[..., None], 0, levels)
+                e = (q - z[..., None]) * sc[..., None] - w  # [rows, kb, B]
+                c = (v * e * e).sum(-1) + (mu * e).sum(-1) ** 2
+                better = c < cost
+                cost = np.where(better, c, cost)
+                scale_out = np.where(better, sc, scale_out)
+                zero_out = np.where(better, z, zero_out)
+        best_scale[r0:r0 + FIT_ROWS], best_zero[r0:r0 + FIT_ROWS] = scale_out, zero_out
+    return best_scale, best_zero.astype(np.uint8)
+
+
+def quantize_blocks(w: np.ndarray, bits: int, block: int = QUANT_BLOCK, *, grid: str = SYMMETRIC,
+                    stats: np.ndarray | None = None) -> Blocks:
+    """Block quantization of a MatMul weight w [K, N] (blocks of `block` along K, per output column), q in
+    [0, 2^bits), as `Blocks`:
+      * symmetric: w = (q - 2^(bits-1)) * scale, scale = max |w| / (2^(bits-1) - 1) (llama.cpp's Q8_0 for 8 bits);
+      * zero_point: w = (q - z) * scale, z an integer in [0, 2^bits), round-to-nearest over [min(lo, 0), max(hi, 0)]
+        (onnxruntime's quantizer; the range holds 0 so that z is a code); with `stats` (the input channels' mean and
+        mean square [K], exporters/calibration.linear_input_stats) each block's grid is `fit_zero_point_grid`'s;
+      * offset: w = (q - 2^(bits-1)) * scale + offset, scale = (hi - lo) / (2^bits - 1): a block's min and max are
+        exact, so GGUF Q4_1 / Q8_1 weights (lo + d * q) come back bit for bit.
     """
     k, n = w.shape
     kb = -(-k // block)
     wt = np.zeros((n, kb * block), dtype=np.float32)
     wt[:, :k] = w.T
     wt = wt.reshape(n, kb, block)
-    zero = 2 ** (bits - 1)  # MatMulNBits' default zero point
-    if symmetric:
+    levels, mid = 2 ** bits - 1, 2 ** (bits - 1)  # mid: MatMulNBits' default zero point
+    zero_points = offsets = None
+    if grid == SYMMETRIC:
         amax = np.abs(wt).max(-1)  # [N, kb]
-        scale = np.where(amax > 0, amax / (zero - 1), 1.0).astype(np.float32)
-        q = (np.clip(np.rint(wt / scale[..., None]), 1 - zero, zero - 1) + zero).astype(np.uint8)
-        offset = None
-    else:
+        scale = np.where(amax > 0, amax / (mid - 1), 1.0).astype(np.float32)
+        q = (np.clip(np.rint(wt / scale[..., None]), 1 - mid, mid - 1) + mid).astype(np.uint8)
+    elif grid == ZERO_POINT:
+        if stats is None:
+            lo, hi = np.minimum(wt.min(-1), 0), np.maximum(wt.max(-1), 0)  # [N, kb]
+            scale = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
+            z = np.clip(np.rint(-lo / scale), 0, levels).astype(np.uint8)  # [N, kb]
+            q = np.clip(np.rint(wt / scale[..., None]) + z[..., None], 0, levels).astype(np.uint8)
+        else:
+            mean, mean_sq = (np.pad(np.asarray(a, np.float64), (0, kb * block - k)).reshape(kb, block) for a in stats)
+            scale, z = fit_zero_point_grid(wt, mean, np.maximum(mean_sq - mean * mean, 0), bits)
+            q = np.clip(np.rint(wt / scale[..., None]) + z[..., None], 0, levels).astype(np.uint8)
+        if bits == 4:
+            z = _pack4(np.pad(z, ((0, 0), (0, kb % 2))))  # [N, ceil(kb / 2)]
+        zero_points = np.ascontiguousarray(z.reshape(-1))
+    elif grid == OFFSET:
         lo, hi = wt.min(-1), wt.max(-1)  # [N, kb]
-        levels = 2 ** bits - 1
         scale = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
         q = np.clip(np.rint((wt - lo[..., None]) / scale[..., None]), 0, levels).astype(np.uint8)
-        offset = np.ascontiguousarray((lo + zero * scale).astype(np.float32).T)
+        offsets = np.ascontiguousarray((lo + mid * scale).astype(np.float32).T)
+    else:
+        raise ValueError(f"unknown grid {grid!r}: {SYMMETRIC}, {ZERO_POINT} or {OFFSET}")
     if bits == 4:
-        q = q[..., 0::2] | (q[..., 1::2] << 4)  # two values per byte, the first in the low nibble
-    return np.ascontiguousarray(q), scale.reshape(-1), offset
+        q = _pack4(q)
+    return Blocks(np.ascontiguousarray(q), scale.reshape(-1), zero_points, offsets)
 
 
 def _constant_weight(node, inits) -> np.ndarray | None:
@@ -108,24 +202,26 @@ def _constant_weight(node, inits) -> np.ndarray | None:
     return numpy_helper.to_array(weight)
 
 
-def _quantize_matmuls(proto: onnx.ModelProto, bits: int, head_bits: int, vocab_size: int,
-                      symmetric: bool = False) -> None:
-    """Every MatMul with a constant 2-D weight -> MatMulNBits(a) (+ (a @ block indicator) @ offsets if asymmetric).
-
-    The offset term carries each block's minimum, so the fast symmetric kernel (no zero-point input) serves an
-    asymmetric code. 8-bit weights (int8's, int4's output head) are always symmetric: llama.cpp's Q8_0 grid, which
-    holds a Q8_0 GGUF table exactly and lets the head's bytes serve the embedding too (exporters/onnx_tables.py). `a @ indicator` (per-block sums of the activations) is shared by MatMuls of one input,
-    and sibling MatMuls of one input (q/k/v, gate/up) become one wide MatMulNBits + Split: per-column maths
-    is unchanged and SmolLM2's int8 graph loses 210 of its ~1,900 per-step ops. The output head
-    (N == vocab) gets `head_bits`."""
+def _quantize_matmuls(proto: onnx.ModelProto, quant: Quant, vocab_size: int, stats: dict | None = None) -> None:
+    """Every MatMul with a constant 2-D weight -> MatMulNBits(a) on `quant`'s grid (the output head, N == vocab, on
+    its head grid); the offset grid adds (a @ block indicator) @ offsets, which carries each block's minimum so that
+    the fast kernel serves a Q4_1 code. `a @ indicator` (per-block sums of the activations) is shared by MatMuls of
+    one input, and sibling MatMuls of one input (q/k/v, gate/up) become one wide MatMulNBits + Split: per-column
+    maths is unchanged and SmolLM2's int8 graph loses 210 of its ~1,900 per-step ops. `stats`: the input channels'
+    statistics per Linear (exporters/calibration.linear_input_stats, keyed by `linear_key`) for the zero-point grid's
+    activation-aware fit; a MatMul without them (a drafter's) gets round-to-nearest."""
     inits = _initializers(proto)
+    stats = stats or {}
     weights = {node.output[0]: _constant_weight(node, inits) for node in proto.graph.node}
-    siblings: dict[tuple, list] = {}  # (input, K, bits) -> MatMul nodes, in graph order
+
+    def grid_of(w: np.ndarray) -> tuple[int, str]:
+        return (quant.head_bits, quant.head_grid) if w.shape[1] == vocab_size else (quant.bits, quant.grid)
+
+    siblings: dict[tuple, list] = {}  # (input, K, bits, grid) -> MatMul nodes, in graph order
     for node in proto.graph.node:
         w = weights[node.output[0]]
         if w is not None:
-            nbits = head_bits if w.shape[1] == vocab_size else bits
-            siblings.setdefault((node.input[0], w.shape[0], nbits), []).append(node)
+            siblings.setdefault((node.input[0], w.shape[0], *grid_of(w)), []).append(node)
     nodes, block_sums, extra, done = [], {}, [], set()
     for node in proto.graph.node:
         if weights[node.output[0]] is None:
@@ -135,31 +231,35 @@ def _quantize_matmuls(proto: onnx.ModelProto, bits: int, head_bits: int, vocab_s
             continue
         a = node.input[0]
         w0 = weights[node.output[0]]
-        group = siblings[(a, w0.shape[0], head_bits if w0.shape[1] == vocab_size else bits)]
-        nbits = head_bits if w0.shape[1] == vocab_size else bits
+        nbits, grid = grid_of(w0)
+        group = siblings[(a, w0.shape[0], nbits, grid)]
         done.update(m.output[0] for m in group)
         w = np.concatenate([weights[m.output[0]] for m in group], axis=1)  # [K, sum N]
         k, n = w.shape
-        sym = symmetric or nbits == 8  # 8-bit codes are symmetric (Q8_0's grid; int4's head: the table's bytes)
-        packed, scales, offsets = quantize_blocks(w, nbits, symmetric=sym)
+        key = (k, np.ascontiguousarray(w[:, 0]).tobytes())  # calibration.linear_key of the first member
+        q = quantize_blocks(w, nbits, grid=grid, stats=stats.get(key) if grid == ZERO_POINT else None)
         base = f"{inits[node.input[1]].name}.q{nbits}" + (f".x{len(group)}" if len(group) > 1 else "")
         out = node.output[0] if len(group) == 1 else base + ".out"
-        matmul = onnx.helper.make_node("MatMulNBits", [a, base, base + ".scales"],
-                                       [out if sym else out + ".main"], name=base + ".q", domain="com.microsoft",
-                                       K=k, N=n, bits=nbits, block_size=QUANT_BLOCK, accuracy_level=ACCURACY_LEVEL)
-        extra += [numpy_helper.from_array(packed, base), numpy_helper.from_array(scales, base + ".scales")]
-        if sym:
+        inputs = [a, base, base + ".scales"] + ([base + ".zero_points"] if q.zero_points is not None else [])
+        offset = q.offsets is not None
+        matmul = onnx.helper.make_node("MatMulNBits", inputs, [out + ".main" if offset else out], name=base + ".q",
+                                       domain="com.microsoft", K=k, N=n, bits=nbits, block_size=QUANT_BLOCK,
+                                       accuracy_level=ACCURACY_LEVEL)
+        extra += [numpy_helper.from_array(q.codes, base), numpy_helper.from_array(q.scales, base + ".scales")]
+        if q.zero_points is not None:
+            extra.append(numpy_helper.from_array(q.zero_points, base + ".zero_points"))
+        if not offset:
             nodes.append(matmul)
         else:
             if (a, k) not in block_sums:
-                kb = offsets.shape[0]
+                kb = q.offsets.shape[0]
                 indicator = np.zeros((k, kb), dtype=np.float32)
                 indicator[np.arange(k), np.arange(k) // QUANT_BLOCK] = 1.0
                 name = f"{a}.block_sums{len(block_sums)}"
                 extra.append(numpy_helper.from_array(indicator, name + ".indicator"))
                 nodes.append(onnx.helper.make_node("MatMul", [a, name + ".indicator"], [name], name=name))
                 block_sums[(a, k)] = name
-            extra.append(numpy_helper.from_array(offsets, base + ".offsets"))
+            extra.append(numpy_helper.from_array(q.offsets, base + ".offsets"))
             nodes += [
                 matmul,
                 onnx.helper.make_node("MatMul", [block_sums[(a, k)], base + ".offsets"], [out + ".offset"],
@@ -241,18 +341,17 @@ def to_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def quantize(proto: onnx.ModelProto, precision: str, vocab_size: int) -> onnx.ModelProto:
-    """fp32 (as is) | fp16 (`to_float16`) | int8 (8-bit weights) | int4 (4-bit weights, 8-bit output head);
-    blocks of 32, see `quantize_blocks`. Activations are quantized to int8 per block inside MatMulNBits
-    (accuracy level 4)."""
+def quantize(proto: onnx.ModelProto, precision: str, vocab_size: int, stats: dict | None = None) -> onnx.ModelProto:
+    """fp32 (as is) | fp16 (`to_float16`) | int8 / int4 / int4-gguf (MatMulNBits on the grids of `QUANT`, blocks of
+    32, see `quantize_blocks`; `stats`: see `_quantize_matmuls`). Activations are quantized to int8 per block inside
+    MatMulNBits (accuracy level 4)."""
     if precision == "fp32":
         return proto
     if precision == "fp16":
         return to_float16(proto)
     check_precision(FORMATS["onnx"], precision)
     _fold_weight_transposes(proto)
-    bits, head_bits, symmetric = QUANT_BITS[precision]
-    _quantize_matmuls(proto, bits, head_bits, vocab_size, symmetric)
+    _quantize_matmuls(proto, QUANT[precision], vocab_size, stats)
     return proto
 
 

@@ -61,7 +61,9 @@ def from_args(args: argparse.Namespace, engine) -> list:
 
         source = target_folder(engine)
         precision = engine.manifest.precision if engine.manifest else "fp32"
-        precisions = args.genai_precision or [precision if precision in GENAI_PRECISIONS else "fp32"]
+        # the bundle's precision family (int4-gguf: int4), fp32 for fp16
+        family = precision.split("-")[0]
+        precisions = args.genai_precision or [family if family in GENAI_PRECISIONS else "fp32"]
         runners += [OrtGenaiPeer(genai_model(source, p, cache), threads=args.threads, precision=p)
                     for p in precisions]
     if "executorch" in wanted:

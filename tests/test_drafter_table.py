@@ -279,10 +279,11 @@ def test_the_shipped_gemma3_drafter_is_the_e2b_shape_under_the_commit_budget():
     assert default_drafter("gemma3-270m") == "builtin"
 
 
-def test_int8_bundle_stores_the_derived_table_8bit_and_stays_exact(target, tmp_path):
-    """int8 / int4 bundles: the drafter's derived table [V, Ha] and the target's tied table are 8-bit (Q8_0's grid,
-    read by GatherBlockQuantized: exporters/onnx_tables.py), no float copy of either; the drafter's candidates stay
-    close to eager's, and greedy speculative == plain."""
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_bundle_stores_the_derived_table_quantized_and_stays_exact(target, tmp_path, precision):
+    """int8 / int4 bundles: the drafter's derived table [V, Ha] and the target's tied table are quantized on the
+    head's grid (int8: 8-bit Q8_0, read by GatherBlockQuantized; int4: 4-bit with zero points, gathered by plain
+    ops: exporters/onnx_tables.py), no float copy of either; greedy speculative == plain."""
     import onnx
 
     from edge_spec.api import load_bundle
@@ -290,14 +291,20 @@ def test_int8_bundle_stores_the_derived_table_8bit_and_stays_exact(target, tmp_p
     from edge_spec.exporters.onnx import export_bundle
 
     drafter = derived(target)
-    folder = export_bundle(target, tmp_path / "b", drafter=drafter, max_context=96, precision="int8")
+    folder = export_bundle(target, tmp_path / "b", drafter=drafter, max_context=96, precision=precision)
     graph = onnx.load(str(next(folder.rglob("drafter.onnx"))), load_external_data=False).graph
     shapes = {tuple(t.dims): t.data_type for t in graph.initializer}
-    vocab = target.config.vocab_size
+    vocab, blocks = target.config.vocab_size, ARGS["hidden_size"] // 32
     assert (vocab, ARGS["hidden_size"]) not in shapes  # the float table is gone...
-    assert shapes[(vocab, ARGS["hidden_size"] // 32, 32)] == onnx.TensorProto.UINT8  # ...its 8-bit codes are there
-    assert sum(n.op_type == "GatherBlockQuantized" for n in graph.node) >= 2  # its table and the target's
-    assert [t.name for t in graph.input if t.name.startswith("embed_table")] == [kv.EMBED_Q8, kv.EMBED_SCALES]
+    bits = 8 if precision == "int8" else 4
+    assert shapes[(vocab, blocks, 32 * bits // 8)] == onnx.TensorProto.UINT8  # ...its codes are there
+    if bits == 8:
+        assert sum(n.op_type == "GatherBlockQuantized" for n in graph.node) >= 2  # its table and the target's
+        assert [t.name for t in graph.input if t.name.startswith("embed_table")] == [kv.EMBED_Q8, kv.EMBED_SCALES]
+    else:
+        assert shapes[(vocab * -(-blocks // 2),)] == onnx.TensorProto.UINT8  # its zero points
+        assert [t.name for t in graph.input if t.name.startswith("embed_table")] == [
+            kv.EMBED_Q4, kv.EMBED_SCALES, kv.EMBED_ZERO_POINTS]
     engine = load_bundle(folder, threads=1)
     ids = prompt_ids(11, seed=4)
     plain = engine.generate(ids, max_new_tokens=24, speculative=False).tokens

@@ -72,3 +72,44 @@ def test_lookup_in_the_loop_is_lossless_and_fires_on_repetitive_text(tiny_llama)
     stats = out.extra["spec"]
     assert out.tokens == plain.tokens
     assert stats.lookup_passes > 0 and stats.lookup_accepted > 0 and stats.tau > 1.0
+
+
+def test_datastore_in_the_loop_is_lossless(tiny_llama):
+    """Greedy with a static datastore (edge_spec.decoding.datastore) as the second source: one that holds the
+    target's own continuation raises tau, one of random text only costs passes; the output is plain greedy's either
+    way. Sampling with datastore drafts: the chi-square test (test_speculative.py)."""
+    from edge_spec.decoding.datastore import Datastore
+
+    target = checkpoints.load(str(tiny_llama[0]))
+    session = Session(TorchBackend(target.model, kv_layout(target.config, 128)))
+    prompt = [5, 17, 42, 99, 7, 150, 3, 11]
+    params = SamplingParams()
+    plain = generate_plain(session, prompt, max_new_tokens=40, params=params, rng=np.random.default_rng(5),
+                           stop_ids=frozenset())
+    rng = np.random.default_rng(1)
+    own = Datastore.build([prompt[-3:] + plain.tokens[:25], list(rng.integers(0, 320, 50))], vocab_size=320)
+    shuffled = [[int(t) for t in rng.permutation(prompt + plain.tokens)] for _ in range(5)]  # same words, wrong order
+    junk = Datastore.build(shuffled, vocab_size=320, min_n=1, min_share=0)
+    for store, helps in ((own, True), (junk, False)):
+        for adaptive in (False, True):
+            out = generate_speculative(session, _never_right(), prompt, max_new_tokens=40, params=params,
+                                       rng=np.random.default_rng(5), stop_ids=frozenset(), k=4, vocab_size=320,
+                                       lookup=False, datastore=store, adaptive=adaptive)
+            stats = out.extra["spec"]
+            assert out.tokens == plain.tokens, (helps, adaptive)
+            assert stats.lookup_passes == 0 and stats.datastore_passes > 0
+            assert stats.to_dict()["datastore_passes"] == stats.datastore_passes
+            if helps:
+                assert stats.datastore_accepted >= 20 and stats.tau > 2.0 and "datastore passes" in stats.summary()
+
+
+def _never_right():
+    class NeverRight:  # an MTP stand-in that is always wrong
+        def begin(self, position, masks, n_cached):
+            pass
+
+        def step(self, token, hidden):
+            from edge_spec.contract.backend import DraftStep
+            return DraftStep(np.array([3]), np.array([0.0], dtype=np.float32), hidden)
+
+    return NeverRight()

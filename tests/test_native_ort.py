@@ -3,7 +3,7 @@
 The runner is built as tests/test_native.py builds it (its `native` fixture: CMake into build/native, what `make
 native` runs); the onnx backend is in it when CMake found onnxruntime's library and headers, else every test here
 skips saying why. Tiny random ONNX bundles (tests/tiny.py, the drafters of tests/test_onnx.py) are exported once per
-module, fp32 and int8, as `edge-spec export --format onnx` writes them (the dynamo exporter; llama also with
+module, fp32 and int8 (llama also int4: the 4-bit table), as `edge-spec export --format onnx` writes them (the dynamo exporter; llama also with
 `--kv shared`). Every comparison is
 token for token with the Python runtime on the same bundle: greedy plain and speculative (the drafter graph over the
 runner's caches), rejected drafts, seeded rejection sampling (the drafter's logits decide), the host check's verdict,
@@ -33,21 +33,21 @@ TOKENS = 40
 
 
 # ---- the bundles and the backend ---------------------------------------------------------------------------
-def _export(folder, out, drafter_args, **export_args):
+def _export(folder, out, drafter_args, precisions=("fp32", "int8"), **export_args):
     from edge_spec.exporters.onnx import export_bundle
     from tests.test_onnx import tiny_drafter
 
     target = checkpoints.load(str(folder))
     drafter = tiny_drafter(target.config, **drafter_args)
     return {precision: export_bundle(target, out / precision, drafter=drafter, precision=precision, **export_args)
-            for precision in ("fp32", "int8")}
+            for precision in precisions}
 
 
 @pytest.fixture(scope="module")
 def llama_onnx(tiny_llama, tmp_path_factory):
     """Tiny llama + a clustered drafter scoring with the target's tied table (tests/test_onnx.py's `llama`)."""
     return _export(tiny_llama[0], tmp_path_factory.mktemp("native-ort") / "llama", dict(head_from="target"),
-                   max_context=160, binding="io")
+                   ("fp32", "int8", "int4"), max_context=160, binding="io")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def ort_native(native):  # noqa: F811
     return native
 
 
-@pytest.fixture(params=["llama-fp32", "llama-int8", "llama_shared-fp32", "llama_shared-int8", "gemma-fp32", "gemma-int8"])
+@pytest.fixture(params=["llama-fp32", "llama-int8", "llama-int4", "llama_shared-fp32", "llama_shared-int8", "gemma-fp32", "gemma-int8"])
 def bundle(request):
     name, precision = request.param.split("-")
     return request.getfixturevalue(f"{name}_onnx")[precision]
@@ -96,7 +96,7 @@ def python_plain(folder, ids, n=TOKENS):
 
 # ---- greedy parity -----------------------------------------------------------------------------------------
 def test_plain_and_speculative_greedy_equal_the_python_runtime(ort_native, bundle):
-    """fp32 and int8 (MatMulNBits), llama and Gemma-4: plain; fixed k = 1, 2, 4 with prompt lookup; k = 2 with the
+    """fp32, int8 and int4 (MatMulNBits; int4's 4-bit table gathered by plain ops), llama and Gemma-4: plain; fixed k = 1, 2, 4 with prompt lookup; k = 2 with the
     drafter graph alone (its proposals decide tau); adaptive: the C++ tokens == the Python runtime's plain tokens ==
     its speculative tokens, with the same tau and lookup passes as Python's loop."""
     ids = prompt_ids(9, seed=2)

@@ -351,7 +351,7 @@ class ForcedLookup:
 
         t1 = best(DIST_PROMPT)
         t2 = best(DIST_PROMPT + [t1])
-        self.drafts = [t2, best(DIST_PROMPT + [t1, t2])]
+        self.t1, self.drafts = t1, [t2, best(DIST_PROMPT + [t1, t2])]
 
     def extend(self, tokens):
         pass
@@ -362,23 +362,33 @@ class ForcedLookup:
 
 def spec_samples(setup, verifier, drafter="mtp", n=1500):
     """`drafter`: "mtp" (the tiny MTP drafter), "skewed" (SkewedTargetDrafter), "lookup" (one-hot retrieval drafts
-    on every burst, `ForcedLookup`)."""
+    on every burst, `ForcedLookup`), "datastore" (a datastore of the likeliest t1 t2 t3: drafts when t1 matches)."""
+    from edge_spec.decoding.datastore import Datastore
+
     target, session, runner, _, oracle = setup
     rng = np.random.default_rng(1234)
-    forced = ForcedLookup(oracle) if drafter == "lookup" else False
-    out, lookups = [], 0
+    forced = ForcedLookup(oracle) if drafter in ("lookup", "datastore") else False
+    store = None
+    if drafter == "datastore":
+        store = Datastore.build([DIST_PROMPT[-2:] + [forced.t1] + forced.drafts], vocab_size=target.config.vocab_size,
+                                min_n=1, min_share=0)
+        forced = False
+    out, lookups, stored = [], 0, 0
     for _ in range(n):
         skewed = SkewedTargetDrafter(oracle, DIST_PROMPT) if drafter == "skewed" else None
         result = generate_speculative(session, skewed or runner, DIST_PROMPT, max_new_tokens=3, params=SAMPLING,
                                       rng=rng, stop_ids=frozenset(), k=2, vocab_size=target.config.vocab_size,
-                                      verifier=verifier, on_token=skewed.on_token if skewed else None, lookup=forced)
+                                      verifier=verifier, on_token=skewed.on_token if skewed else None, lookup=forced,
+                                      datastore=store)
         out.append((result.tokens[1], result.tokens[2]))
         lookups += result.extra["spec"].lookup_passes
+        stored += result.extra["spec"].datastore_passes
     assert (lookups == n) == (drafter == "lookup")  # retrieval drafted every first burst
+    assert (stored > n // 10) == (drafter == "datastore")
     return out
 
 
-@pytest.mark.parametrize("drafter", ["mtp", "skewed", "lookup"])
+@pytest.mark.parametrize("drafter", ["mtp", "skewed", "lookup", "datastore"])
 def test_speculative_sampling_matches_the_target_distribution(sampling_setup, drafter):
     assert chi_square_p(spec_samples(sampling_setup, verify, drafter), sampling_setup[3]) > 0.01
 

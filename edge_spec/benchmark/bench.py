@@ -42,6 +42,7 @@ class Tally:
     passes: int = 0
     drafter_calls: int = 0
     lookup_passes: int = 0  # passes whose drafts came from retrieval
+    datastore_passes: int = 0  # passes whose drafts came from the static datastore
     drafted: np.ndarray | None = None
     accepted: np.ndarray | None = None
     outputs: list[list[int]] = field(default_factory=list)
@@ -98,6 +99,7 @@ def run_one(engine, marks: _KernelMarks, row: dict, tally: Tally, *, k: int | No
         tally.passes += stats.target_calls
         tally.drafter_calls += stats.drafter_calls
         tally.lookup_passes += stats.lookup_passes
+        tally.datastore_passes += stats.datastore_passes
         if tally.drafted is None:
             tally.drafted, tally.accepted = np.zeros_like(stats.drafted), np.zeros_like(stats.accepted)
         tally.drafted += stats.drafted
@@ -178,6 +180,7 @@ def config_row(about: dict, plain: Tally, spec: Tally, *, k: int, adaptive: bool
         "speedup": spec.tok_s / plain.tok_s if plain.tok_s else None,
         "tau": spec.emitted / spec.passes if spec.passes else None, "acceptance_by_position": acceptance,
         "lookup_share": spec.lookup_passes / spec.passes if spec.passes else None,  # passes drafted by retrieval
+        "datastore_share": spec.datastore_passes / spec.passes if spec.passes else None,  # by the static datastore
         "mean_k": float(np.mean(spec.mean_k)) if spec.mean_k else None,
         "time_split": {"plain": plain.split(), "spec": spec.split()},
         "python_overhead_plain": plain.split()["overhead"], "python_overhead_spec": spec.split()["overhead"],
@@ -315,6 +318,8 @@ def main(args, prompts: list[dict]) -> int:
     engine = load(args.model or "smollm2-135m", drafter=args.drafter if args.bundle is None else None,
                   runtime=args.runtime, threads=args.threads, bundle=args.bundle, spin=not args.no_spin,
                   **given_options(args, RUN))
+    if not getattr(args, "datastore", True):  # --no-datastore
+        engine.datastore = None
     runners = peers_from_args(args, engine)
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners, lookup=args.lookup)

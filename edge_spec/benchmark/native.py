@@ -137,6 +137,7 @@ def add(tally: Tally, out: dict) -> None:
         tally.passes += out["target_passes"]
         tally.drafter_calls += out["drafter_calls"]
         tally.lookup_passes += out["lookup_passes"]
+        tally.datastore_passes += out.get("datastore_passes", 0)
         drafted, accepted = np.array(out["drafted"], dtype=np.int64), np.array(out["accepted"], dtype=np.int64)
         if tally.drafted is None:
             tally.drafted, tally.accepted = np.zeros_like(drafted), np.zeros_like(accepted)

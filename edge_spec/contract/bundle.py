@@ -40,12 +40,17 @@ class ExportJob:
 
 
 Writer = Callable[[ExportJob], tuple[dict[str, GraphEntry], dict[str, TableEntry]]]
+# writes a static datastore into the temp folder and returns its manifest entry (edge_spec.contract.datastore_check),
+# or None when there is none for this target: (tmp, the target's content sha256) -> entry. The caller builds it (the
+# index lives in edge_spec.decoding, above this layer): edge_spec.decoding.datastore_source.bundle_datastore.
+DatastoreWriter = Callable[[Path, str], "dict | None"]
 
 
 def export_bundle(target: LoadedModel, out: str | Path, *, format: str, drafter: Drafter | None = None,
                   drafter_source: str | None = None, precision: str | None = None, max_context: int | None = None,
                   max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
-                  progress: Callable[[str], None] | None = None, binding: str | None = None, **options) -> Path:
+                  progress: Callable[[str], None] | None = None, binding: str | None = None,
+                  datastore: DatastoreWriter | None = None, **options) -> Path:
     """Export `target` (+ `drafter`) to a bundle of `format` at `out`, atomically (see `export`). `options`: the
     format's own, given to its exporter's `writer(**options)` (e.g. its registry row's export options), which
     checks them before any work. Each exporter module binds its format: `export_bundle = bundle.entry(NAME)`."""
@@ -56,7 +61,7 @@ def export_bundle(target: LoadedModel, out: str | Path, *, format: str, drafter:
         binding = module.default_binding(target.config, **options)
     return export(target, out, fmt=fmt, write=write, drafter=drafter, drafter_source=drafter_source,
                   precision=precision, max_context=max_context, max_draft_len=max_draft_len, max_pass=max_pass,
-                  progress=progress, binding=binding)
+                  progress=progress, binding=binding, datastore=datastore)
 
 
 def entry(format: str) -> Callable[..., Path]:
@@ -67,14 +72,16 @@ def entry(format: str) -> Callable[..., Path]:
 def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, drafter: Drafter | None = None,
            drafter_source: str | None = None, precision: str | None = None, max_context: int | None = None,
            max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, max_pass: int | None = None,
-           progress: Callable[[str], None] | None = None, binding: str | None = None) -> Path:
+           progress: Callable[[str], None] | None = None, binding: str | None = None,
+           datastore: DatastoreWriter | None = None) -> Path:
     """Export `target` (+ `drafter`) to a bundle of format `fmt` at `out`, atomically; `progress(step)` before each step.
 
     `binding`: the KV binding (edge_spec.contract.kv; default the format's, one of `fmt.bindings`; `export_bundle`
     first asks the exporter module's `default_binding(cfg, **options)`, where it has one).
     `max_pass`: the most tokens one forward may carry (prefill chunk, verify pass). It sizes sliding rings (`io`:
     W + max_pass - 1 slots, `state`: W + max_pass) and, under the `state` binding, the program's planned buffers;
-    default 64, or max_draft_len + 1 if larger. `io` targets without sliding layers take any T and record no cap."""
+    default 64, or max_draft_len + 1 if larger. `io` targets without sliding layers take any T and record no cap.
+    `datastore`: writes the bundle's static datastore (see DatastoreWriter); None: the bundle has none."""
     precision = precision or fmt.precisions[0]
     check_precision(fmt, precision)
     binding = binding or fmt.binding
@@ -112,6 +119,7 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
                 (tmp / name).write_bytes(src.read_bytes())
                 tokenizer_files.append(name)
         tok = target.tokenizer
+        datastore_entry = datastore(tmp, target_id) if datastore is not None else None
         step("writing the manifest")
         return Manifest(
             format=fmt.name, precision=precision,
@@ -122,6 +130,6 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
             bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else cfg.bos_token_id,
             eos_token_ids=tuple(sorted(target.stop_ids)), pad_token_id=cfg.pad_token_id, chat_template=tok.chat_template,
             tokenizer_files=tuple(tokenizer_files), max_draft_len=max_draft_len, graphs=graphs, tables=tables,
-            created_by=f"edge-spec {__version__}")
+            created_by=f"edge-spec {__version__}", datastore=datastore_entry)
 
     return write_bundle(out, build)

@@ -70,11 +70,13 @@ class Format:
 _EP_RUN = ("--provider", "--ep")
 FORMATS = {
     "onnx": Format(
-        "onnx", ("fp32", "fp16", "int8", "int4"), BINDING_IO, "ort", "edge_spec.exporters.onnx",
+        "onnx", ("fp32", "fp16", "int8", "int4", "int4-gguf"), BINDING_IO, "ort", "edge_spec.exporters.onnx",
         "edge_spec.runtimes.ort", "pip install onnx onnxruntime onnxscript", about="onnxruntime", native=True,
         other_bindings=(BINDING_SHARED,),
         precision_help="fp32, fp16 (fp16 compute for accelerator providers; ~10% slower than fp32 on an x86 CPU), int8 "
-                       "or int4 (MatMulNBits, blocks of 32; int4 keeps an 8-bit output head)",
+                       "int8 (MatMulNBits, blocks of 32), int4 (onnxruntime's native 4-bit grid with zero points, "
+                       "4-bit tied head and table, as onnxruntime-genai's int4) or int4-gguf (a GGUF's Q4_1 blocks "
+                       "bit for bit + a per-block offset term, 8-bit head; slower)",
         options=(Option(("--exporter",), "exporter", "the torch.onnx exporter: dynamo (default, faster graphs) or "
                         "torchscript (exports ~10x faster)", choices=("dynamo", "torchscript")),
                  Option(_EP_RUN, "provider", "onnxruntime's execution provider (cpu, the default | xnnpack | coreml)",

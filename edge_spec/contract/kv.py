@@ -78,9 +78,15 @@ OUTPUT_TABLE = "output_table"  # [V, Ht] float32: the target's output table, onl
 # per block of TABLE_BLOCK along Ht. The same bytes are the target's output-head weight (MatMulNBits) and the data of
 # both graphs' embedding lookups (GatherBlockQuantized): no float copy of the table anywhere
 EMBED_Q8 = "embed_table_q8"  # [V, Ht / TABLE_BLOCK, TABLE_BLOCK] uint8
-EMBED_SCALES = "embed_table_scales"  # [V * Ht / TABLE_BLOCK] float32
+EMBED_SCALES = "embed_table_scales"  # [V * Ht / TABLE_BLOCK] float32 (either form's)
+# int4 bundles (onnxruntime's native 4-bit grid): w = (code - zero point) * scale per block, two codes per byte (the
+# first in the low nibble), the zero points two per byte too, packed per row as MatMulNBits takes them
+EMBED_Q4 = "embed_table_q4"  # [V, Ht / TABLE_BLOCK, TABLE_BLOCK / 2] uint8
+EMBED_ZERO_POINTS = "embed_table_zero_points"  # [V * ceil(Ht / TABLE_BLOCK / 2)] uint8
 TABLE_BLOCK = 32
-TARGET_TABLES = (EMBED_TABLE, EMBED_Q8, EMBED_SCALES)  # tables a target graph reads as initializers (runtimes bind them)
+TABLE_BITS = {EMBED_Q8: 8, EMBED_Q4: 4}  # a quantized table's codes -> its bits
+# tables a target graph reads as initializers (runtimes bind them)
+TARGET_TABLES = (EMBED_TABLE, EMBED_Q8, EMBED_Q4, EMBED_SCALES, EMBED_ZERO_POINTS)
 DRAFT_TOKEN_IDS = "draft_token_ids"  # [N] int64 candidate ids (N = candidates per step)
 DRAFT_LOGITS = "draft_logits"  # [N] float32
 DRAFT_HIDDEN = "draft_hidden"  # [1, 1, Ht] float32, the `hidden` input of the next draft step
@@ -245,21 +251,33 @@ def target_io(layout: KVLayout, vocab_size: int, hidden_size: int) -> GraphIO:
     return GraphIO(tuple(inputs), tuple(outputs))
 
 
-def table_specs(vocab_size: int, hidden: int, quantized: bool) -> list[TensorSpec]:
-    """The shared embedding table as a drafter graph takes it: float32 [V, Ht], or the 8-bit form (EMBED_Q8)."""
-    if not quantized:
+def table_specs(vocab_size: int, hidden: int, bits: int = 0) -> list[TensorSpec]:
+    """The shared embedding table as a drafter graph takes it: float32 [V, Ht] (bits 0), the 8-bit form (EMBED_Q8 +
+    scales) or the 4-bit form (EMBED_Q4 + scales + zero points)."""
+    if not bits:
         return [TensorSpec(EMBED_TABLE, "float32", (vocab_size, hidden))]
     blocks = hidden // TABLE_BLOCK
-    return [TensorSpec(EMBED_Q8, "uint8", (vocab_size, blocks, TABLE_BLOCK)),
-            TensorSpec(EMBED_SCALES, "float32", (vocab_size * blocks,))]
+    if bits == 8:
+        return [TensorSpec(EMBED_Q8, "uint8", (vocab_size, blocks, TABLE_BLOCK)),
+                TensorSpec(EMBED_SCALES, "float32", (vocab_size * blocks,))]
+    if bits == 4:
+        return [TensorSpec(EMBED_Q4, "uint8", (vocab_size, blocks, TABLE_BLOCK // 2)),
+                TensorSpec(EMBED_SCALES, "float32", (vocab_size * blocks,)),
+                TensorSpec(EMBED_ZERO_POINTS, "uint8", (vocab_size * -(-blocks // 2),))]
+    raise ValueError(f"a shared table has 0, 4 or 8 bits, not {bits}")
+
+
+def table_bits(tables) -> int:
+    """The bits of a bundle's shared table from its table names: 8 (EMBED_Q8), 4 (EMBED_Q4) or 0 (float32)."""
+    return next((bits for name, bits in TABLE_BITS.items() if name in tables), 0)
 
 
 def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, target_hidden: int, candidates: int,
-               output_table: bool, tables: bool = True, quantized_table: bool = False) -> GraphIO:
+               output_table: bool, tables: bool = True, table_bits: int = 0) -> GraphIO:
     """Drafter step graph: (last token, hidden, position, masks, source-layer caches, tables) -> candidates, hidden.
     `state` binding: no caches and no tables (the program's drafter method reads the target's cache buffers and
     weights in place). `tables=False`: the graph holds the tables as constants (a Core ML package, which stores
-    weights the drafter and target functions share once). `quantized_table`: the table in its 8-bit form."""
+    weights the drafter and target functions share once). `table_bits`: the table's quantized form (8 or 4; 0: float32)."""
     by_layer = {c.layer: c for c in layout.caches}
     kinds = sorted(sources)
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, 1)), TensorSpec(HIDDEN, "float32", (1, 1, target_hidden)),
@@ -268,7 +286,7 @@ def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, targe
     if layout.binding in CACHE_INPUTS:
         inputs += _cache_specs([by_layer[sources[kind]] for kind in kinds], (k_cache_name, v_cache_name))
     if layout.binding in CACHE_INPUTS and tables:
-        inputs += table_specs(vocab_size, target_hidden, quantized_table)
+        inputs += table_specs(vocab_size, target_hidden, table_bits)
         if output_table:
             inputs.append(TensorSpec(OUTPUT_TABLE, "float32", (vocab_size, target_hidden)))
     outputs = [TensorSpec(DRAFT_TOKEN_IDS, "int64", (candidates,)), TensorSpec(DRAFT_LOGITS, "float32", (candidates,)),

@@ -23,7 +23,8 @@ import numpy as np
 from edge_spec.errors import BundleError
 from edge_spec.contract.formats import FORMATS
 from edge_spec.contract.manifest_check import check_fields, check_tables
-from edge_spec.contract.kv import EMBED_Q8, OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, target_io
+from edge_spec.contract.datastore_check import DATASTORE_KEY, check_datastore
+from edge_spec.contract.kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, table_bits, target_io
 
 SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
 READABLE_VERSIONS = (1, 2)  # 1: no cap per forward; its sliding layers use the split attention form
@@ -130,6 +131,7 @@ class Manifest:
     tables: dict[str, TableEntry]  # kv.EMBED_TABLE, kv.OUTPUT_TABLE
     files: dict[str, dict] = field(default_factory=dict)  # relative path -> {"sha256", "bytes"}
     created_by: str = ""
+    datastore: dict | None = None  # optional: a static datastore file (edge_spec.contract.datastore_check)
 
     @property
     def max_context(self) -> int:
@@ -148,7 +150,7 @@ class Manifest:
              "graphs": {k: g.to_json() for k, g in self.graphs.items()},
              "tables": {k: t.to_json() for k, t in self.tables.items()},
              "files": self.files}
-        return d
+        return d | ({DATASTORE_KEY: self.datastore} if self.datastore is not None else {})
 
     @staticmethod
     def from_json(d: dict) -> "Manifest":
@@ -164,7 +166,7 @@ class Manifest:
             max_draft_len=int(d["max_draft_len"]),
             graphs={k: GraphEntry.from_json(g) for k, g in d["graphs"].items()},
             tables={k: TableEntry.from_json(t) for k, t in d["tables"].items()},
-            files=dict(d["files"]), created_by=d.get("created_by", ""))
+            files=dict(d["files"]), created_by=d.get("created_by", ""), datastore=d.get(DATASTORE_KEY))
 
 
 def _model_json(m: ModelEntry) -> dict:
@@ -203,6 +205,7 @@ def read_manifest(folder: str | Path, *, verify_checksums: bool = True) -> Manif
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise BundleError(f"{path}: missing or malformed field {err}", _REEXPORT) from err
     _verify_files(folder, manifest, verify_checksums)
+    check_datastore(manifest.datastore, manifest.files, path)
     check_tables(manifest, path)
     _verify_contract(manifest, path)
     return manifest
@@ -271,7 +274,7 @@ def _verify_contract(m: Manifest, path: Path) -> None:
         raise BundleError(f"{path}: the drafter entry has no drafter graph", _REEXPORT)
     expected = drafter_io(m.layout, {k: int(v) for k, v in d.kv_sharing.items()}, m.vocab_size, m.hidden_size,
                           d.candidates_per_step, output_table=OUTPUT_TABLE in m.tables, tables=not fmt.constant_tables,
-                          quantized_table=EMBED_Q8 in m.tables)
+                          table_bits=table_bits(m.tables))
     _same_io(f"{path}: drafter graph", m.graphs["drafter"].io, expected)
 
 

@@ -17,6 +17,8 @@ import numpy as np
 
 from edge_spec.contract.backend import DrafterBackend, DraftStep, Session
 from edge_spec.errors import ConfigError
+from edge_spec.decoding.cost_model import DATASTORE, CostModel
+from edge_spec.decoding.datastore import Datastore
 from edge_spec.decoding.generate import GenerationResult, check_request, pick_token
 from edge_spec.decoding.lookup import PromptLookup
 from edge_spec.decoding.sampling import SamplingParams, sample, token_probs
@@ -136,89 +138,6 @@ def confidence(step: DraftStep, token: int) -> float:
     return float(z[step.token_ids == token].sum() / z.sum())
 
 
-# ---- adaptive draft length ------------------------------------------------------------------------
-@dataclass
-class CostModel:
-    """Picks k from costs measured during this run, so speculation never loses to plain decoding.
-
-    rate(k) = E[tokens per pass | k] / (verify_s(k + 1) + k * draft_s); k = 0 is plain decoding.
-    E[tokens | k] = 1 + sum_{j=1..k} prod_{i<=j} a_i with a_i the running acceptance rate of position i.
-    verify_s(T) is interpolated linearly between measured T (a pass over T tokens costs more with T).
-
-    Two draft sources, priced apart: the MTP drafter (`lookup=False`: its acceptance, draft_s per draft) and
-    retrieval (`lookup=True`: its own acceptance, no draft cost) - a retrieval burst is either a copied span the
-    target accepts whole or nothing, an MTP burst decays position by position, and one k for both cut retrieval's
-    bursts to the drafter's length (gemma-3-270m: mean k 1.0-1.3 where fixed k = 4 was 1.3-1.5x faster).
-    A position beyond the chosen k is never reached, so its estimate would stay whatever it was: every
-    `probe_every` passes of a source below k_max draft one position more (and a source at k = 0 tries 2).
-    """
-
-    k_max: int
-    decay: float = 0.25  # EMA weight of a new observation
-    probe_every: int = 16  # passes of a source below k_max between probes one position further
-    verify_s: dict[int, float] = field(default_factory=dict)
-    draft_s: float | None = None
-    accept: np.ndarray | None = None  # [k_max] the MTP drafter's acceptance at each position, given it is reached
-    lookup_accept: np.ndarray | None = None  # [k_max] retrieval's
-    since_probe: dict[bool, int] = field(default_factory=lambda: {False: 0, True: 0})
-
-    def __post_init__(self):
-        if self.accept is None:
-            self.accept = np.full(self.k_max, 0.6)  # prior until measured
-        if self.lookup_accept is None:
-            self.lookup_accept = np.full(self.k_max, 0.6)
-
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.decay) * old + self.decay * new
-
-    def observe_verify(self, tokens: int, seconds: float) -> None:
-        self.verify_s[tokens] = self._ema(self.verify_s.get(tokens), seconds)
-
-    def observe_draft(self, seconds_per_step: float) -> None:
-        self.draft_s = self._ema(self.draft_s, seconds_per_step)
-
-    def observe_acceptance(self, drafted: int, accepted: int, lookup: bool = False) -> None:
-        rates = self.lookup_accept if lookup else self.accept
-        for i in range(min(drafted, accepted + 1)):  # positions reached: accepted ones + the first rejected
-            rates[i] = self._ema(rates[i], 1.0 if i < accepted else 0.0)
-
-    def expected_tokens(self, k: int, lookup: bool = False) -> float:
-        return 1.0 + float(np.cumprod((self.lookup_accept if lookup else self.accept)[:k]).sum())
-
-    def verify_cost(self, tokens: int) -> float:
-        known = sorted(self.verify_s)
-        if tokens in self.verify_s or len(known) == 1:
-            return self.verify_s.get(tokens, self.verify_s[known[0]])
-        lo = max((t for t in known if t < tokens), default=known[0])
-        hi = min((t for t in known if t > tokens), default=known[-1])
-        if lo == hi:  # outside the measured range: extend the nearest segment's slope
-            lo, hi = (known[-2], known[-1]) if tokens > known[-1] else (known[0], known[1])
-        slope = (self.verify_s[hi] - self.verify_s[lo]) / (hi - lo)
-        return max(self.verify_s[lo] + slope * (tokens - lo), 1e-9)
-
-    def rate(self, k: int, lookup: bool = False) -> float:
-        """Expected tokens per second of a pass with k drafts from the source."""
-        draft = 0.0 if lookup else k * self.draft_s
-        return self.expected_tokens(k, lookup) / (self.verify_cost(k + 1) + draft)
-
-    def choose(self, lookup: bool = False) -> int:
-        """Exploration first (measure a plain step and a full burst), then the best measured rate; the MTP drafter
-        is priced once a burst of it has been timed (until then it gets full bursts, as retrieval does)."""
-        if 1 not in self.verify_s:
-            return 0
-        if len(self.verify_s) < 2 or (not lookup and self.draft_s is None):
-            return self.k_max
-        best = int(np.argmax([self.rate(k, lookup) for k in range(self.k_max + 1)]))
-        if best == self.k_max:
-            self.since_probe[lookup] = 0
-            return best
-        self.since_probe[lookup] += 1
-        if self.since_probe[lookup] > self.probe_every:  # re-measure the position past the chosen ones
-            self.since_probe[lookup] = 0
-            return min(best + 1 if best else 2, self.k_max)
-        return best
-
-
 # ---- statistics -------------------------------------------------------------------------------------
 @dataclass
 class SpecStats:
@@ -234,6 +153,8 @@ class SpecStats:
     k_chosen: list[int] = field(default_factory=list)
     lookup_passes: int = 0  # passes whose drafts came from retrieval (PromptLookup) instead of the MTP drafter
     lookup_accepted: int = 0  # drafts accepted in those passes
+    datastore_passes: int = 0  # passes whose drafts came from the static datastore
+    datastore_accepted: int = 0  # drafts accepted in those passes
 
     def __post_init__(self):
         self.drafted = np.zeros(self.k_max, dtype=np.int64)
@@ -256,13 +177,15 @@ class SpecStats:
                 "acceptance_rate": float(self.accepted.sum() / self.drafted.sum()) if self.drafted.sum() else None,
                 "time_s": {"drafter": self.drafter_s, "target": self.target_s, "overhead": overhead},
                 "mean_k": float(np.mean(self.k_chosen)) if self.k_chosen else 0.0,
-                "lookup_passes": self.lookup_passes, "lookup_accepted": self.lookup_accepted}
+                "lookup_passes": self.lookup_passes, "lookup_accepted": self.lookup_accepted,
+                "datastore_passes": self.datastore_passes, "datastore_accepted": self.datastore_accepted}
 
     def summary(self) -> str:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in self.acceptance_by_position())
         d = self.to_dict()["time_s"]
         total = max(self.decode_s, 1e-9)
         lookup = f" | lookup passes {self.lookup_passes}" if self.lookup_passes else ""
+        lookup += f" | datastore passes {self.datastore_passes}" if self.datastore_passes else ""
         return (f"tau {self.tau:.2f} | target calls {self.target_calls} | drafter calls {self.drafter_calls}{lookup} | "
                 f"accept by pos [{acc}] | time drafter {100 * d['drafter'] / total:.0f}% target "
                 f"{100 * d['target'] / total:.0f}% overhead {100 * d['overhead'] / total:.0f}%")
@@ -280,10 +203,12 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
                          params: SamplingParams, rng: np.random.Generator, stop_ids: frozenset[int], k: int,
                          vocab_size: int, adaptive: bool = False, min_confidence: float = 0.0,
                          on_token: Callable[[int], None] | None = None, verifier=verify,
-                         lookup: "bool | PromptLookup" = False) -> GenerationResult:
+                         lookup: "bool | PromptLookup" = False, datastore: Datastore | None = None) -> GenerationResult:
     """Speculative generation. `lookup`: retrieval drafting first (True: edge_spec.decoding.lookup.PromptLookup over prompt +
     output; or any object with its `extend` / `propose`): when the text's recent n-gram occurred before, its
-    continuation is the burst (one-hot drafts, no drafter call); otherwise the MTP drafter drafts."""
+    continuation is the burst (one-hot drafts, no drafter call). `datastore` (edge_spec.decoding.datastore; or any
+    object with its `propose(context, k)` and `max_n`): next, the continuation of the text's recent n-gram in the
+    target's earlier answers (one-hot drafts too). Otherwise the MTP drafter drafts."""
     check_spec_args(k, min_confidence)
     check_request(prompt_ids, max_new_tokens, session.max_context)
     stats = SpecStats(k)
@@ -304,10 +229,14 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
     while token not in stop_ids and len(tokens) < max_new_tokens:
         left = max_new_tokens - len(tokens) - 1
         t0 = time.perf_counter()
-        drafts = []
-        if retrieval is not None:  # retrieval first, at its own length (CostModel prices the two sources apart)
+        drafts, source = [], False  # the CostModel's source key: False MTP, True lookup, DATASTORE
+        if retrieval is not None:  # retrieval first, at its own length (CostModel prices the sources apart)
             k_now = min(model.choose(lookup=True) if model else k, left)
-            drafts = _lookup_drafts(retrieval, k_now, stop_ids)
+            drafts, source = _lookup_drafts(retrieval.propose(k_now), stop_ids), True
+        if not drafts and datastore is not None:  # then the static datastore, at its own length
+            k_now = min(model.choose(lookup=DATASTORE) if model else k, left)
+            context = _tail(prompt_ids, tokens, datastore.max_n)
+            drafts, source = _lookup_drafts(datastore.propose(context, k_now) if k_now else [], stop_ids), DATASTORE
         from_lookup = bool(drafts)
         if from_lookup:  # one-hot drafts: q(draft) = 1, so verify's rule keeps the target's distribution
             draft_probs = SparseRows(vocab_size)
@@ -333,7 +262,10 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
         stats.drafted[:len(drafts)] += 1
         stats.accepted[:n] += 1
         stats.emitted_by_passes += n + 1
-        if from_lookup:
+        if source == DATASTORE and from_lookup:
+            stats.datastore_passes += 1
+            stats.datastore_accepted += n
+        elif from_lookup:
             stats.lookup_passes += 1
             stats.lookup_accepted += n
         else:
@@ -343,7 +275,7 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
             if drafts and not from_lookup:  # retrieval's drafts cost nothing to make
                 model.observe_draft((t1 - t0) / len(drafts))
             if drafts:
-                model.observe_acceptance(len(drafts), n, lookup=from_lookup)
+                model.observe_acceptance(len(drafts), n, lookup=source if from_lookup else False)
         emitted = len(tokens)
         for t in drafts[:n] + [nxt]:
             tokens.append(t)
@@ -362,10 +294,16 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
     return result
 
 
-def _lookup_drafts(retrieval: PromptLookup, k: int, stop_ids) -> list[int]:
-    """Retrieval's proposal, cut after a stop token (nothing is drafted past the end of the text)."""
+def _tail(prompt_ids: Sequence[int], tokens: list[int], n: int) -> list[int]:
+    """The last n tokens of prompt + output (all there are when fewer)."""
+    tail = tokens[-n:]
+    return list(prompt_ids[max(len(prompt_ids) - (n - len(tail)), 0):]) + tail if len(tail) < n else tail
+
+
+def _lookup_drafts(proposal: Sequence[int], stop_ids) -> list[int]:
+    """A retrieval proposal, cut after a stop token (nothing is drafted past the end of the text)."""
     drafts = []
-    for t in retrieval.propose(k):
+    for t in proposal:
         drafts.append(t)
         if t in stop_ids:
             break

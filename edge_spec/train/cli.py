@@ -71,6 +71,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--no-spin", action="store_true", help="with --bundle: idle onnxruntime threads sleep (shared cores)")
     ev.add_argument("--lookup", action="store_true",
                     help="hybrid drafting: retrieval first, the drafter when nothing matches (default: the drafter alone)")
+    ev.add_argument("--datastore", action="store_true",
+                    help="the static datastore drafts (after --lookup's retrieval) before the drafter, where the model "
+                         "or bundle has one (edge_spec.decoding.datastore)")
+    ev.add_argument("--fixed-k", dest="adaptive", action="store_false",
+                    help="draft exactly --spec-k tokens every pass (default: adaptive k, as generate)")
     ev.add_argument("--teacher-forced", action="store_true",
                     help="eager, greedy: also score the drafter on every generated position fed the true tokens, as "
                          "training sees it (a live acceptance far below it would mean a train/inference mismatch)")
@@ -117,11 +122,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"bundle {args.bundle} has no drafter", "export it with --drafter builtin (or PATH)")
     else:
         engine = load(args.model, drafter=args.drafter, threads=args.threads)
+    if args.datastore and engine.datastore is None:
+        raise ConfigError("--datastore: this model or bundle has no static datastore",
+                          "export the bundle from a checkout that has data/regenerated/<target>, or drop --datastore")
     results = []
     for temperature in args.temperature:
         for k in args.spec_k:
             r = evaluate(engine, prompts, k=k, temperature=temperature, max_new_tokens=args.max_new_tokens,
-                         teacher_forced=args.teacher_forced, lookup=args.lookup)
+                         teacher_forced=args.teacher_forced, lookup=args.lookup, datastore=args.datastore,
+                         adaptive=args.adaptive)
             r.update(runtime=engine.runtime, precision=engine.manifest.precision if engine.manifest else "fp32",
                      drafter=engine.manifest.drafter.name if engine.manifest else args.drafter)
             results.append(r)

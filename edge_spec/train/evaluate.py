@@ -37,13 +37,16 @@ def read_prompts(path: Path) -> list[dict]:
 
 
 def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, max_new_tokens: int = 128,
-             seed: int = 0, progress: bool = True, teacher_forced: bool = False, lookup: bool = False) -> dict:
+             seed: int = 0, progress: bool = True, teacher_forced: bool = False, lookup: bool = False,
+             datastore: bool = False, adaptive: bool = True) -> dict:
     """Aggregate speculative stats over prompts, overall and per kind.
 
     `acceptance_by_position[j-1]` = the fraction of bursts whose first j drafts were all accepted (cumulative:
     tau = 1 + their sum at full k). `teacher_forced` (eager runtime, greedy) also scores the drafter at every
     position of the generated text fed the true tokens (`teacher_forced_predictions`): `teacher_forced_by_position`
-    has the same cumulative definition, over all positions instead of the ones a live run drafts at."""
+    has the same cumulative definition, over all positions instead of the ones a live run drafts at.
+    `lookup` / `datastore`: prompt lookup / the engine's static datastore draft first (default: the drafter alone);
+    `adaptive` False drafts exactly k every pass."""
     from tqdm.auto import tqdm
 
     if teacher_forced:
@@ -61,6 +64,7 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
         prompt_ids = engine.encode(row["prompt"], chat=row["chat"])
         result = engine.generate(prompt_ids, max_new_tokens=max_new_tokens,
                                  temperature=temperature, seed=seed + i, spec_k=k, speculative=True, lookup=lookup,
+                                 datastore=datastore, adaptive=adaptive,
                                  allow_inexact=True)  # acceptance is measured, the output is not used
         stats = result.extra["spec"]
         agree = count = np.zeros(k)
@@ -73,7 +77,7 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
             count = np.full(k, float(len(anchors)))
         for name in {"all", row["kind"]}:  # a row without a kind counts once, in "all"
             g = groups.setdefault(name, {"emitted": 0, "passes": 0, "drafted": np.zeros(k), "accepted": np.zeros(k),
-                                         "prompts": 0, "drafter_s": 0.0, "target_s": 0.0, "lookup_passes": 0,
+                                         "prompts": 0, "drafter_s": 0.0, "target_s": 0.0, "lookup_passes": 0, "datastore_passes": 0,
                                          "tf_agree": np.zeros(k), "tf_count": np.zeros(k)})
             g["tf_agree"] += agree
             g["tf_count"] += count
@@ -83,14 +87,17 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
             g["accepted"] += stats.accepted
             g["prompts"] += 1
             g["lookup_passes"] += stats.lookup_passes
+            g["datastore_passes"] += stats.datastore_passes
             g["drafter_s"] += stats.drafter_s
             g["target_s"] += stats.target_s
-    out = {"k": k, "temperature": temperature, "max_new_tokens": max_new_tokens, "lookup": lookup, "by_kind": {}}
+    out = {"k": k, "temperature": temperature, "max_new_tokens": max_new_tokens, "lookup": lookup,
+           "datastore": datastore, "adaptive": adaptive, "by_kind": {}}
     for name, g in groups.items():
         entry = {"prompts": g["prompts"], "tau": g["emitted"] / max(g["passes"], 1),
                  "acceptance_by_position": [float(a / d) if d else None for a, d in zip(g["accepted"], g["drafted"])],
                  "drafter_time_share": g["drafter_s"] / max(g["drafter_s"] + g["target_s"], 1e-9),
-                 "lookup_share": g["lookup_passes"] / max(g["passes"], 1)}  # passes drafted by retrieval
+                 "lookup_share": g["lookup_passes"] / max(g["passes"], 1),  # passes drafted by retrieval
+                 "datastore_share": g["datastore_passes"] / max(g["passes"], 1)}  # by the static datastore
         if teacher_forced:
             entry["teacher_forced_by_position"] = [float(a / c) if c else None for a, c in zip(g["tf_agree"], g["tf_count"])]
         if name == "all":

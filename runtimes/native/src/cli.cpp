@@ -90,7 +90,8 @@ std::string result_json(es::Engine& engine, const es::Generation& g, const Kerne
          ",\"stop\":" + es::json_quote(r.stop_reason) + ",\"speculative\":" + (r.speculative ? "true" : "false") +
          ",\"target_passes\":" + std::to_string(r.target_passes) +
          ",\"tau\":" + std::to_string(r.speculative ? s.tau() : 1.0) +
-         ",\"lookup_passes\":" + std::to_string(s.lookup_passes) + ",\"prefill_s\":" + std::to_string(r.prefill_s) +
+         ",\"lookup_passes\":" + std::to_string(s.lookup_passes) +
+         ",\"datastore_passes\":" + std::to_string(s.datastore_passes) + ",\"prefill_s\":" + std::to_string(r.prefill_s) +
          ",\"total_s\":" + std::to_string(r.total_s) + ",\"decode_tok_s\":" + std::to_string(r.decode_tok_s()) +
          ",\"emitted\":" + std::to_string(s.emitted_by_passes) + ",\"drafter_calls\":" + std::to_string(s.drafter_calls) +
          ",\"drafted\":" + list_json(s.drafted) + ",\"accepted\":" + list_json(s.accepted) +

@@ -34,6 +34,7 @@ inline const char* const USAGE =
     "  --min-confidence C      adaptive: stop a burst below this drafter confidence (default 0.3)\n"
     "  --no-spec               plain decoding even when the bundle has a drafter\n"
     "  --no-lookup             no prompt-lookup (retrieval) drafting\n"
+    "  --no-datastore          no drafting from the bundle's static datastore (datastore.bin, where it has one)\n"
     "  --ignore-eos            generate max-new-tokens even past an end-of-sequence token\n"
     "  --threads N             intra-op threads: XNNPACK's (executorch), onnxruntime's (onnx, qnn); default: the runtime's\n"
     "  --compute-units U       coreml bundles: all (default) | cpu_and_ne | cpu_and_gpu | cpu (Core ML's devices)\n"
@@ -128,6 +129,7 @@ inline Args parse(int argc, char** argv, bool request = false) {
     else if (f == "--min-confidence") a.gen.min_confidence = number("use --min-confidence 0.3");
     else if (f == "--no-spec") a.gen.spec = false;
     else if (f == "--no-lookup") a.gen.lookup = false;
+    else if (f == "--no-datastore") a.gen.datastore = false;
     else if (f == "--ignore-eos") a.gen.ignore_eos = true;
     else if (f == "--threads") a.open.threads = integer(1, threads_fix());
     else if (f == "--compute-units") a.open.compute_units = value();

@@ -20,6 +20,8 @@ inline constexpr const char* EMBED_TABLE = "embed_table";
 inline constexpr const char* OUTPUT_TABLE = "output_table";
 inline constexpr const char* EMBED_Q8 = "embed_table_q8";
 inline constexpr const char* EMBED_SCALES = "embed_table_scales";
+inline constexpr const char* EMBED_Q4 = "embed_table_q4";
+inline constexpr const char* EMBED_ZERO_POINTS = "embed_table_zero_points";
 inline constexpr const char* DRAFT_TOKEN_IDS = "draft_token_ids";
 inline constexpr const char* DRAFT_LOGITS = "draft_logits";
 inline constexpr const char* DRAFT_HIDDEN = "draft_hidden";
@@ -66,7 +68,7 @@ inline constexpr const char* FORMAT_QNN = "qnn";
 
 inline const std::vector<FormatRow>& format_rows() {
   static const std::vector<FormatRow> rows = {
-      {FORMAT_ONNX, {"io", "shared"}, {"fp32", "fp16", "int8", "int4"}, false, true},
+      {FORMAT_ONNX, {"io", "shared"}, {"fp32", "fp16", "int8", "int4", "int4-gguf"}, false, true},
       {FORMAT_EXECUTORCH, {"state"}, {"fp32", "8da4w"}, false, true},
       {FORMAT_COREML, {"io", "state"}, {"fp16", "fp32", "int8", "int4", "int4-channel"}, true, false},
       {FORMAT_QNN, {"io"}, {"16a8w", "8a8w"}, true, true},

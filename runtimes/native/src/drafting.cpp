@@ -45,8 +45,9 @@ std::vector<int64_t> PromptLookup::propose(int k) const {
 }
 
 // ---- adaptive draft length ---------------------------------------------------------------------------
-CostModel::CostModel(int k_max)
-    : k_max_(k_max), accept_(size_t(k_max), 0.6), lookup_accept_(size_t(k_max), 0.6) {}
+CostModel::CostModel(int k_max) : k_max_(k_max) {
+  for (auto& rates : accept_) rates.assign(size_t(k_max), 0.6);  // prior until measured
+}
 
 double CostModel::ema(double old, bool has_old, double value) const {
   return has_old ? (1 - decay_) * old + decay_ * value : value;
@@ -62,13 +63,13 @@ void CostModel::observe_draft(double seconds_per_step) {
   has_draft_ = true;
 }
 
-void CostModel::observe_acceptance(int drafted, int accepted, bool lookup) {
-  std::vector<double>& rates = lookup ? lookup_accept_ : accept_;
+void CostModel::observe_acceptance(int drafted, int accepted, int source) {
+  std::vector<double>& rates = accept_[source];
   for (int i = 0; i < std::min(drafted, accepted + 1); ++i) rates[i] = ema(rates[i], true, i < accepted ? 1.0 : 0.0);
 }
 
-double CostModel::expected_tokens(int k, bool lookup) const {
-  const std::vector<double>& rates = lookup ? lookup_accept_ : accept_;
+double CostModel::expected_tokens(int k, int source) const {
+  const std::vector<double>& rates = accept_[source];
   double total = 1.0, prod = 1.0;
   for (int i = 0; i < k; ++i) {
     prod *= rates[i];
@@ -95,17 +96,18 @@ double CostModel::verify_cost(int tokens) const {
   return std::max(verify_s_.at(lo) + slope * (tokens - lo), 1e-9);
 }
 
-int CostModel::choose(bool lookup) {
+int CostModel::choose(int source) {
+  const bool lookup = source != SOURCE_MTP;  // retrieval's drafts (either kind) cost nothing to make
   if (!verify_s_.count(1)) return 0;  // exploration first: a plain step, then a full burst
   if (verify_s_.size() < 2 || (!lookup && !has_draft_)) return k_max_;
   int best = 0;
   double best_rate = -INFINITY;
   for (int k = 0; k <= k_max_; ++k) {
     const double draft = lookup ? 0.0 : k * draft_s_;  // retrieval's drafts cost nothing to make
-    const double rate = expected_tokens(k, lookup) / (verify_cost(k + 1) + draft);
+    const double rate = expected_tokens(k, source) / (verify_cost(k + 1) + draft);
     if (rate > best_rate) best_rate = rate, best = k;
   }
-  int& since = since_probe_[lookup ? 1 : 0];
+  int& since = since_probe_[source];
   if (best == k_max_) {
     since = 0;
     return best;

@@ -123,6 +123,7 @@ std::unique_ptr<Engine> Engine::open(const std::string& folder, const OpenOption
   auto pair = open_backend(folder, e->manifest_, options);
   e->backend_ = std::move(pair.first);
   e->drafter_ = std::move(pair.second);
+  e->datastore_ = open_bundle_datastore(folder, e->manifest_);
   e->session_.reset(new Session(*e->backend_));
   for (int id : e->manifest_.eos_token_ids) e->stop_ids_.insert(id);
   if (options.host_check && e->drafter_) e->check_host(options.fresh_check);
@@ -170,7 +171,7 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, const GenerateOp
     g.result = generate_plain(*session_, prompt, o.max_new_tokens, o.sampling, rng, stop_ids, on_token);
     return g;
   }
-  SpecOptions spec{o.spec_k, o.adaptive, o.min_confidence, o.lookup};
+  SpecOptions spec{o.spec_k, o.adaptive, o.min_confidence, o.lookup, o.datastore ? datastore_.get() : nullptr};
   DrafterBackend& drafter = o.drafter ? *o.drafter : *drafter_;
   g.result = generate_speculative(*session_, drafter, prompt, o.max_new_tokens, o.sampling, rng, stop_ids,
                                   manifest_.vocab_size, spec, on_token);

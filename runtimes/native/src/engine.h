@@ -45,6 +45,7 @@ struct GenerateOptions {
   bool adaptive = false;
   double min_confidence = 0.3;  // adaptive only
   bool lookup = true;
+  bool datastore = true;  // the bundle's static datastore drafts after prompt lookup, where it has one
   bool ignore_eos = false;  // no stop tokens (tests and benchmarks that need a fixed length)
   // A drafter standing in for the bundle's (null: the bundle's own), speculating even where the bundle has none;
   // the caller owns it. The test build's oracle drafter (test_hooks.h, edge-spec-run-test) is the one user.
@@ -71,6 +72,7 @@ class Engine {
   const Manifest& manifest() const { return manifest_; }
   const std::string& folder() const { return folder_; }
   bool has_drafter() const { return drafter_ != nullptr; }
+  bool has_datastore() const { return datastore_ != nullptr; }
   DrafterBackend* drafter() { return drafter_.get(); }  // null without one (its kernel clock: the CLI's --json)
   const std::set<int64_t>& stop_ids() const { return stop_ids_; }
   const std::optional<HostCheck>& exactness() const { return exactness_; }
@@ -84,6 +86,7 @@ class Engine {
   Manifest manifest_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DrafterBackend> drafter_;
+  std::unique_ptr<Datastore> datastore_;  // the manifest's "datastore" (datastore.h); null without one
   std::unique_ptr<Session> session_;
   std::set<int64_t> stop_ids_;
   std::optional<HostCheck> exactness_;

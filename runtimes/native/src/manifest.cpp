@@ -218,7 +218,7 @@ void verify_contract(const Manifest& m, const std::string& path) {
   if (!m.graphs.count("drafter")) throw bundle_error(path + ": the drafter entry has no drafter graph", REEXPORT);
   GraphIO expected = drafter_io(m.layout, d.kv_sharing, m.vocab_size, m.hidden_size, d.candidates_per_step,
                                 m.tables.count(contract::OUTPUT_TABLE) > 0, !fmt->constant_tables,
-                                m.tables.count(contract::EMBED_Q8) > 0);
+                                table_bits(m));
   same_io(path + ": drafter graph", m.graphs.at("drafter").io, expected);
 }
 
@@ -280,8 +280,14 @@ GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size) {
   return io;
 }
 
+int table_bits(const Manifest& m) {  // kv.table_bits
+  if (m.tables.count(contract::EMBED_Q8)) return 8;
+  if (m.tables.count(contract::EMBED_Q4)) return 4;
+  return 0;
+}
+
 GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
-                   int target_hidden, int candidates, bool output_table, bool tables, bool quantized_table) {
+                   int target_hidden, int candidates, bool output_table, bool tables, int table_bits) {
   using namespace contract;
   GraphIO io;
   io.inputs = {spec(INPUT_IDS, "int64", {"1", "1"}),
@@ -297,10 +303,15 @@ GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sou
             io.inputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), slots_dim(c.kind),
                                                     std::to_string(c.head_dim)}));
     const std::string vocab = std::to_string(vocab_size), hidden = std::to_string(target_hidden);
-    if (tables && quantized_table) {  // kv.table_specs: [V, Ht / 32, 32] uint8 codes, [V * Ht / 32] float32 scales
-      const int blocks = target_hidden / TABLE_BLOCK;
+    const int blocks = target_hidden / TABLE_BLOCK;
+    const std::string scales = std::to_string(int64_t(vocab_size) * blocks);
+    if (tables && table_bits == 8) {  // kv.table_specs: [V, Ht / 32, 32] uint8 codes, [V * Ht / 32] float32 scales
       io.inputs.push_back(spec(EMBED_Q8, "uint8", {vocab, std::to_string(blocks), std::to_string(TABLE_BLOCK)}));
-      io.inputs.push_back(spec(EMBED_SCALES, "float32", {std::to_string(int64_t(vocab_size) * blocks)}));
+      io.inputs.push_back(spec(EMBED_SCALES, "float32", {scales}));
+    } else if (tables && table_bits == 4) {  // + [V * ceil(Ht / 64)] uint8 zero points, two codes per byte
+      io.inputs.push_back(spec(EMBED_Q4, "uint8", {vocab, std::to_string(blocks), std::to_string(TABLE_BLOCK / 2)}));
+      io.inputs.push_back(spec(EMBED_SCALES, "float32", {scales}));
+      io.inputs.push_back(spec(EMBED_ZERO_POINTS, "uint8", {std::to_string(int64_t(vocab_size) * ((blocks + 1) / 2))}));
     } else if (tables) {
       io.inputs.push_back(spec(EMBED_TABLE, "float32", {vocab, hidden}));
       if (output_table) io.inputs.push_back(spec(OUTPUT_TABLE, "float32", {vocab, hidden}));

@@ -76,9 +76,10 @@ Manifest read_manifest(const std::string& folder, bool verify_checksums = true);
 
 // The KV contract's IO tables (edge_spec/contract/kv.py target_io / drafter_io), for the check and for the backends.
 GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size);
-// quantized_table: the shared table in its 8-bit form (embed_table_q8 + embed_table_scales, kv.table_specs)
+// table_bits: the shared table's quantized form, 8 or 4 (0: float32; kv.table_specs)
 GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
-                   int target_hidden, int candidates, bool output_table, bool tables, bool quantized_table = false);
+                   int target_hidden, int candidates, bool output_table, bool tables, int table_bits = 0);
+int table_bits(const Manifest& m);  // 8 (embed_table_q8), 4 (embed_table_q4) or 0, from the manifest's tables
 
 KVLayout layout_from_json(const Json& layout);  // the manifest's kv.layout (edge_spec.contract.kv.KVLayout.to_json)
 

@@ -36,7 +36,7 @@ using ort::io_names;
 using ort::now_s;
 using ort::tensor;
 
-// ---- a shared table: raw little-endian float32 or uint8 (kv.EMBED_Q8's codes), memory-mapped read-only ----------
+// ---- a shared table: raw little-endian float32 or uint8 (quantized codes, zero points), memory-mapped read-only ----------
 struct Table {
   std::string name, path;
   std::vector<int64_t> shape;  // [V, H] float32, [V, H / 32, 32] uint8, [V * H / 32] float32 (its scales)
@@ -323,7 +323,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_sessio
   std::vector<std::string> target_tables;
   for (const auto& t : rt->tables)
     if (t.first != OUTPUT_TABLE) target_tables.push_back(t.first);
-  if (!rt->tables.count(EMBED_TABLE) && !rt->tables.count(EMBED_Q8))
+  if (!rt->tables.count(EMBED_TABLE) && !table_bits(m))
     throw bundle_error(join_path(folder, MANIFEST_FILE) + ": the onnx bundle has no embed_table", FIX);
   const GraphEntry& entry = m.graphs.at("target");
   const std::string path = join_path(folder, entry.file);

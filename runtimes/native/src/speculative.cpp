@@ -103,6 +103,15 @@ void sparse_draft_distribution(const DraftStep& step, const SamplingParams& para
   probs = token_probs(logits.data(), int(logits.size()), params);
 }
 
+// The last n tokens of prompt + output (all there are when fewer): what the datastore matches.
+std::vector<int64_t> tail(const std::vector<int64_t>& prompt, const std::vector<int64_t>& tokens, int n) {
+  const size_t from_tokens = std::min(tokens.size(), size_t(n));
+  const size_t from_prompt = std::min(prompt.size(), size_t(n) - from_tokens);
+  std::vector<int64_t> out(prompt.end() - from_prompt, prompt.end());
+  out.insert(out.end(), tokens.end() - from_tokens, tokens.end());
+  return out;
+}
+
 std::vector<int64_t> draft(DrafterBackend& drafter, Session& session, int64_t token, std::vector<float> hidden, int k,
                            const SamplingParams& params, PortableRng& rng, const std::set<int64_t>& stop_ids,
                            double min_confidence, bool fast_greedy, SparseRows& probs) {
@@ -159,6 +168,7 @@ std::string SpecStats::summary() const {
   const double overhead = std::max(decode_s - drafter_s - target_s, 0.0);
   char buf[512];
   std::string lookup = lookup_passes ? " | lookup passes " + std::to_string(lookup_passes) : "";
+  if (datastore_passes) lookup += " | datastore passes " + std::to_string(datastore_passes);
   std::snprintf(buf, sizeof buf, "tau %.2f | target calls %d | drafter calls %d%s | accept by pos [%s] | time drafter "
                 "%.0f%% target %.0f%% overhead %.0f%%", tau(), target_calls, drafter_calls, lookup.c_str(), acc.c_str(),
                 100 * drafter_s / total, 100 * target_s / total, 100 * overhead / total);
@@ -254,13 +264,21 @@ GenerationResult generate_speculative(Session& session, DrafterBackend& drafter,
     const double t0 = now_s();
     std::vector<int64_t> drafts;
     SparseRows draft_probs;
-    int k_now = 0;
-    if (retrieval) {  // retrieval first, at its own length (CostModel prices the two sources apart)
-      k_now = std::min(model ? model->choose(true) : options.k, left);
-      for (int64_t t : retrieval->propose(k_now)) {  // cut after a stop token
+    int k_now = 0, source = SOURCE_LOOKUP;
+    auto take = [&](const std::vector<int64_t>& proposal) {  // cut after a stop token
+      for (int64_t t : proposal) {
         drafts.push_back(t);
         if (stop_ids.count(t)) break;
       }
+    };
+    if (retrieval) {  // retrieval first, at its own length (CostModel prices the sources apart)
+      k_now = std::min(model ? model->choose(SOURCE_LOOKUP) : options.k, left);
+      take(retrieval->propose(k_now));
+    }
+    if (drafts.empty() && options.datastore) {  // then the static datastore, at its own length
+      k_now = std::min(model ? model->choose(SOURCE_DATASTORE) : options.k, left);
+      source = SOURCE_DATASTORE;
+      if (k_now > 0) take(options.datastore->propose(tail(prompt, tokens, options.datastore->max_n()), k_now));
     }
     const bool from_lookup = !drafts.empty();
     if (from_lookup) {  // one-hot drafts: q(draft) = 1, so verify's rule keeps the target's distribution
@@ -297,7 +315,10 @@ GenerationResult generate_speculative(Session& session, DrafterBackend& drafter,
     for (size_t j = 0; j < drafts.size(); ++j) stats.drafted[j] += 1;
     for (int j = 0; j < n; ++j) stats.accepted[j] += 1;
     stats.emitted_by_passes += n + 1;
-    if (from_lookup) {
+    if (from_lookup && source == SOURCE_DATASTORE) {
+      stats.datastore_passes += 1;
+      stats.datastore_accepted += n;
+    } else if (from_lookup) {
       stats.lookup_passes += 1;
       stats.lookup_accepted += n;
     } else {
@@ -306,7 +327,7 @@ GenerationResult generate_speculative(Session& session, DrafterBackend& drafter,
     if (model) {
       model->observe_verify(1 + int(drafts.size()), t2 - t1);
       if (!drafts.empty() && !from_lookup) model->observe_draft((t1 - t0) / double(drafts.size()));
-      if (!drafts.empty()) model->observe_acceptance(int(drafts.size()), n, from_lookup);
+      if (!drafts.empty()) model->observe_acceptance(int(drafts.size()), n, from_lookup ? source : SOURCE_MTP);
     }
     const size_t emitted = tokens.size();
     std::vector<int64_t> accepted(drafts.begin(), drafts.begin() + n);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "datastore.h"
 #include "sampling.h"
 #include "session.h"
 
@@ -31,6 +32,7 @@ struct SpecStats {
   double drafter_s = 0, target_s = 0, decode_s = 0;
   std::vector<int> k_chosen;
   int lookup_passes = 0, lookup_accepted = 0;
+  int datastore_passes = 0, datastore_accepted = 0;  // passes drafted by the static datastore (datastore.h)
   double tau() const { return target_calls ? double(emitted_by_passes) / target_calls : 0.0; }
   std::string summary() const;  // the line `edge-spec generate` prints
 };
@@ -59,6 +61,7 @@ struct SpecOptions {
   bool adaptive = false;
   double min_confidence = 0.0;  // used only when adaptive (as the Python loop)
   bool lookup = true;           // prompt-lookup drafting first
+  const Datastore* datastore = nullptr;  // then the static datastore (null: none); the caller owns it
 };
 
 GenerationResult generate_speculative(Session& session, DrafterBackend& drafter, const std::vector<int64_t>& prompt,
@@ -89,17 +92,19 @@ class PromptLookup {
   std::map<int, int64_t> earlier_;  // n -> start of the suffix n-gram's latest earlier occurrence (-1: none)
 };
 
-// The adaptive draft length's cost model (edge_spec.decoding.speculative.CostModel): the MTP drafter and retrieval
-// (`lookup`) are priced apart, and a source below k_max drafts one position more every probe_every passes.
+// The adaptive draft length's cost model (edge_spec.decoding.cost_model.CostModel): the MTP drafter, retrieval and
+// the static datastore (`source`) are priced apart, and a source below k_max drafts one position more every
+// probe_every passes.
+enum DraftSource { SOURCE_MTP = 0, SOURCE_LOOKUP = 1, SOURCE_DATASTORE = 2 };  // false / true: the first two
 class CostModel {
  public:
   explicit CostModel(int k_max);
   void observe_verify(int tokens, double seconds);
   void observe_draft(double seconds_per_step);
-  void observe_acceptance(int drafted, int accepted, bool lookup = false);
-  double expected_tokens(int k, bool lookup = false) const;
+  void observe_acceptance(int drafted, int accepted, int source = SOURCE_MTP);
+  double expected_tokens(int k, int source = SOURCE_MTP) const;
   double verify_cost(int tokens) const;
-  int choose(bool lookup = false);
+  int choose(int source = SOURCE_MTP);
 
  private:
   double ema(double old, bool has_old, double value) const;
@@ -109,9 +114,8 @@ class CostModel {
   std::map<int, double> verify_s_;
   double draft_s_ = 0.0;
   bool has_draft_ = false;
-  std::vector<double> accept_;         // [k_max] the MTP drafter's acceptance at each position, given it is reached
-  std::vector<double> lookup_accept_;  // [k_max] retrieval's
-  int since_probe_[2] = {0, 0};        // passes since a probe, per source (0: drafter, 1: retrieval)
+  std::vector<double> accept_[3];  // [source][k_max] acceptance at each position, given it is reached
+  int since_probe_[3] = {0, 0, 0};  // passes since a probe, per source
 };
 
 }  // namespace es
