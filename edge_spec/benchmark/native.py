@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from edge_spec.benchmark.bench import Tally, config_row, report
 from edge_spec.contract.formats import native_formats
@@ -149,9 +150,19 @@ def add(tally: Tally, out: dict) -> None:
 
 def measure(runner: NativeRunner, about: dict, prompt_ids: list[list[int]], *, ks: list[int],
             temperatures: list[float], adaptive: bool, max_new_tokens: int, seed: int = 0, repeats: int = 1,
-            lookup: bool = True, progress: bool = True) -> list[dict]:
-    """bench.measure's loop over the runner: rows in the same order and schema."""
+            lookup: bool = True, progress: bool = True, peers: list | None = None) -> list[dict]:
+    """bench.measure's loop over the runner: rows in the same order and schema. `peers` decode each prompt right
+    after the runner's plain run of it (greedy, first temperature only), as in bench.measure; the runner's
+    threads are idle then (it answers one request at a time)."""
+    import time
+
     from tqdm.auto import tqdm
+
+    from edge_spec.peers.times import SETTLE_S
+
+    peers = peers or []
+    for peer in peers:
+        peer.warm_up(prompt_ids[0])
 
     configs = [(k, False) for k in ks] + ([(max(ks), True)] if adaptive else [])
     runner.generate(prompt_ids[0], max_new_tokens=8, k=None, adaptive=False, temperature=0.0, seed=0)  # warm-up
@@ -160,14 +171,20 @@ def measure(runner: NativeRunner, about: dict, prompt_ids: list[list[int]], *, k
     notices: set[str] = set()
     for temperature in temperatures:
         plain, spec = Tally(), {c: Tally() for c in configs}
-        bar = tqdm(total=len(prompt_ids) * repeats * (1 + len(configs)), desc=f"bench native T={temperature}",
-                   unit="run", disable=not progress, file=sys.stderr)
+        with_peers = peers if temperature == temperatures[0] else []
+        bar = tqdm(total=len(prompt_ids) * repeats * (1 + len(configs) + len(with_peers)),
+                   desc=f"bench native T={temperature}", unit="run", disable=not progress, file=sys.stderr)
         for rep in range(repeats):
             for i, ids in enumerate(prompt_ids):
                 s = seed + 1000 * rep + i
                 add(plain, runner.generate(ids, max_new_tokens=max_new_tokens, k=None, adaptive=False,
                                            temperature=temperature, seed=s))
                 bar.update(1)
+                for peer in with_peers:
+                    time.sleep(SETTLE_S)
+                    peer.run(ids, max_new_tokens)
+                    time.sleep(SETTLE_S)
+                    bar.update(1)
                 for (k, ad), tally in spec.items():
                     out = runner.generate(ids, max_new_tokens=max_new_tokens, k=k, adaptive=ad,
                                           temperature=temperature, seed=s, lookup=lookup)
@@ -195,15 +212,15 @@ def main(args, prompts: list[dict]) -> int:
     if args.bundle is None:
         raise ConfigError("--runtime native runs an exported bundle, not --model (the eager checkpoint)",
                           f"export one (edge-spec export --format {'|'.join(native_formats())} --out B) and pass --bundle B")
-    refused = [flag for flag, given in (("--drafter", args.drafter is not None), ("--peer", bool(args.peer)),
+    refused = [flag for flag, given in (("--drafter", args.drafter is not None),
                                         ("--no-spin", args.no_spin), ("--max-context", args.max_context is not None),
                                         *((f"--{d.replace('_', '-')}", True) for d in given_options(args, RUN)
                                           if d != "provider"))  # the runner's own --provider
                if given]
     if refused:
         raise ConfigError(f"--runtime native does not take {', '.join(refused)}",
-                          f"drop {', '.join(refused)} (the runner has no such option; bench peers and the Python "
-                          "runtimes' options run without --runtime native)")
+                          f"drop {', '.join(refused)} (the runner has no such option; the Python runtimes' options "
+                          "run without --runtime native)")
     bundle = Path(args.bundle).expanduser()
     try:  # the format first: another format's manifest need not pass this checkout's checks
         check_format(str(json.loads((bundle / MANIFEST).read_text()).get("format")))
@@ -217,6 +234,9 @@ def main(args, prompts: list[dict]) -> int:
                           "export the bundle with --drafter builtin (or PATH)")
     tokenizer = Tokenizer(bundle)
     prompt_ids = [tokenizer.encode_prompt(p["prompt"], chat=p["chat"]) for p in prompts]
+    from edge_spec.peers import from_args as peers_from_args
+
+    peers = peers_from_args(args, SimpleNamespace(manifest=manifest, loaded=None))  # built before the run starts
     runner = NativeRunner(runner_bin, bundle, args.threads, given_options(args, RUN).get("provider"))
     try:
         head = runner.header
@@ -224,7 +244,7 @@ def main(args, prompts: list[dict]) -> int:
                  "host_check": head["host_check"]}
         rows = measure(runner, about, prompt_ids, ks=args.spec_k, temperatures=args.temperature,
                        adaptive=args.adaptive, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                       lookup=args.lookup)
+                       lookup=args.lookup, peers=peers)
     finally:
         runner.close()
     if rows and rows[0]["peak_rss_mb"] is None:
@@ -232,5 +252,5 @@ def main(args, prompts: list[dict]) -> int:
         for r in rows:
             r["peak_rss_mb"] = rss_kb / 2 ** 20 if sys.platform == "darwin" else rss_kb / 1024
     verdict = head["host_check"]
-    return report(args, rows, [], len(prompts), head["host_check_summary"],
+    return report(args, rows, [p.result() for p in peers], len(prompts), head["host_check_summary"],
                   host_exact=None if verdict is None else verdict["min_rows"] != 0)
