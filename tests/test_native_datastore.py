@@ -110,6 +110,16 @@ def test_bundle_datastore_drafts_the_same_in_both_runtimes(native, tiny_llama, t
     off = run(native, bundle, ids, "--spec-k", "4", "--fixed-k", "--no-datastore", "--ignore-eos", "--max-new-tokens",
               str(TOKENS))
     assert off["tokens"] == plain and off["datastore_passes"] == 0
+    # `edge-spec bench --runtime native --no-datastore` sends the flag with each request (edge_spec.benchmark.native)
+    from edge_spec.benchmark.native import NativeRunner
+
+    runner = NativeRunner(native / "edge-spec-run", bundle, 1)
+    try:
+        with_store, without = (runner.generate(ids, max_new_tokens=TOKENS, k=4, adaptive=False, temperature=0.0, seed=0,
+                                               datastore=flag) for flag in (True, False))
+    finally:
+        runner.close()
+    assert with_store["datastore_passes"] > 0 and without["datastore_passes"] == 0
 
 
 def _export(target, out, store):

@@ -90,7 +90,7 @@ class NativeRunner:
         return out
 
     def generate(self, ids: list[int], *, max_new_tokens: int, k: int | None, adaptive: bool, temperature: float,
-                 seed: int, lookup: bool = True) -> dict:
+                 seed: int, lookup: bool = True, datastore: bool = True) -> dict:
         flags = ["--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(max_new_tokens),
                  "--temperature", repr(float(temperature)), "--seed", str(seed)]
         if k is None:
@@ -99,6 +99,8 @@ class NativeRunner:
             flags += ["--spec-k", str(k), "--adaptive" if adaptive else "--fixed-k"]
         if not lookup:
             flags.append("--no-lookup")
+        if not datastore:
+            flags.append("--no-datastore")
         self.proc.stdin.write(" ".join(flags) + "\n")
         self.proc.stdin.flush()
         return self._read("a generation")
@@ -150,7 +152,8 @@ def add(tally: Tally, out: dict) -> None:
 
 def measure(runner: NativeRunner, about: dict, prompt_ids: list[list[int]], *, ks: list[int],
             temperatures: list[float], adaptive: bool, max_new_tokens: int, seed: int = 0, repeats: int = 1,
-            lookup: bool = True, progress: bool = True, peers: list | None = None) -> list[dict]:
+            lookup: bool = True, progress: bool = True, peers: list | None = None,
+            datastore: bool = True) -> list[dict]:
     """bench.measure's loop over the runner: rows in the same order and schema. `peers` decode each prompt right
     after the runner's plain run of it (greedy, first temperature only), as in bench.measure; the runner's
     threads are idle then (it answers one request at a time)."""
@@ -187,7 +190,7 @@ def measure(runner: NativeRunner, about: dict, prompt_ids: list[list[int]], *, k
                     bar.update(1)
                 for (k, ad), tally in spec.items():
                     out = runner.generate(ids, max_new_tokens=max_new_tokens, k=k, adaptive=ad,
-                                          temperature=temperature, seed=s, lookup=lookup)
+                                          temperature=temperature, seed=s, lookup=lookup, datastore=datastore)
                     add(tally, out)
                     if out["notice"]:
                         notices.add(out["notice"])
@@ -244,7 +247,7 @@ def main(args, prompts: list[dict]) -> int:
                  "host_check": head["host_check"]}
         rows = measure(runner, about, prompt_ids, ks=args.spec_k, temperatures=args.temperature,
                        adaptive=args.adaptive, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                       lookup=args.lookup, peers=peers)
+                       lookup=args.lookup, peers=peers, datastore=getattr(args, "datastore", True))
     finally:
         runner.close()
     if rows and rows[0]["peak_rss_mb"] is None:
