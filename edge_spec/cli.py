@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edge_spec.serve.command import add_parser as add_serve_parser
 
     add_serve_parser(sub)
+    from edge_spec.serve.bench import add_parser as add_bench_serve_parser
+
+    add_bench_serve_parser(sub)
     return parser
 
 
@@ -305,11 +308,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args)
 
 
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from edge_spec.serve.bench import main as bench_serve_main
+
+    return bench_serve_main(args)
+
+
 def _commands() -> dict:
     from edge_spec.train.cli import COMMANDS as drafter_commands
 
     return {"generate": cmd_generate, "export": cmd_export, "check": cmd_check, "bench": cmd_bench,
-            "bench-head": cmd_bench_head, "serve": cmd_serve,
+            "bench-head": cmd_bench_head, "serve": cmd_serve, "bench-serve": cmd_bench_serve,
             **drafter_commands}
 
 

@@ -27,7 +27,8 @@ REAL_FIXTURES = frozenset({
 SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_native.py": "tiny-pte", "test_native_ort.py": "tiny-pte",
                  "test_native_qnn.py": "tiny-pte", "test_android_bridge.py": "tiny-pte",
                  "test_bench_native.py": "tiny-pte", "test_native_coreml.py": "tiny-pte",
-                 "test_native_hardening.py": "tiny-pte"}
+                 "test_native_hardening.py": "tiny-pte", "test_serve_native.py": "tiny-pte",
+                 "test_native_datastore.py": "tiny-pte"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which turns the group marks into scopes

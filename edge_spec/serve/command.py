@@ -12,6 +12,7 @@ from edge_spec.errors import ConfigError
 
 SHUTDOWN_GRACE_S = 30.0  # SIGTERM: how long the running decode may go on before it is cancelled
 LOCALHOST = ("127.0.0.1", "localhost", "::1")
+RUNTIMES = ("python", "native")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-spin", action="store_true",
                    help="let the runtime's idle threads sleep (for machines whose cores other processes share)")
     p.add_argument("--no-spec", action="store_true", help="decode plainly even though the bundle has a drafter")
+    p.add_argument("--runtime", choices=RUNTIMES, default="python",
+                   help="python (default): the bundle's format runtime in this process; native: the C++ runner "
+                        "(make native) through its C API, for executorch and onnx bundles")
+    p.add_argument("--native-lib", default=None,
+                   help="with --runtime native: the runner's library (default build/native/libedge_spec.so, "
+                        "or $EDGE_SPEC_NATIVE_LIB)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -43,6 +50,25 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}", "pass --timeout 300, say")
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key is empty", "pass a non-empty key, or leave --api-key out")
+    if args.runtime == "native" and args.no_spin:
+        raise ConfigError("--no-spin is an option of the Python runtimes, not of --runtime native",
+                          "leave --no-spin out (the native runner sets its own thread pool up)")
+    if args.runtime != "native" and args.native_lib:
+        raise ConfigError("--native-lib is taken only with --runtime native", "add --runtime native, or drop --native-lib")
+
+
+def load_engine(args: argparse.Namespace):
+    """The engine the server drives: the Python runtime's Engine, or the native runner's (edge_spec.serve.native)."""
+    if args.runtime == "native":
+        from edge_spec.contract.manifest import read_manifest
+        from edge_spec.benchmark.native import check_format
+        from edge_spec.serve.native import NativeEngine
+
+        check_format(read_manifest(args.bundle, verify_checksums=False).format)
+        return NativeEngine(args.bundle, threads=args.threads, library=args.native_lib)
+    from edge_spec.api import load_bundle
+
+    return load_bundle(args.bundle, threads=args.threads, spin=not args.no_spin)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -109,14 +135,12 @@ def main(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"edge-spec serve needs starlette and uvicorn ({', '.join(missing)} not installed)",
                           "pip install -e '.[serve]'")
-    from edge_spec.api import load_bundle
-
     if args.host not in LOCALHOST:
         print(f"warning: --host {args.host} accepts connections from other machines"
               f"{'' if args.api_key else ' and no --api-key is set: anyone who can reach it can use it'}",
               file=sys.stderr)
     sock = bind(args.host, args.port)
-    engine = load_bundle(args.bundle, threads=args.threads, spin=not args.no_spin)
+    engine = load_engine(args)
     if args.no_spec:
         engine.drafter = None
     model_id = args.model_id or Path(args.bundle).resolve().name
@@ -129,7 +153,8 @@ def main(args: argparse.Namespace) -> int:
         mode = f"plain decoding: {engine.exactness.summary()}"
     else:
         mode = "speculative decoding"
-    print(f"edge-spec serve: {model_id} ({engine.manifest.format} {engine.manifest.precision}, {mode}) on "
+    print(f"edge-spec serve: {model_id} ({engine.manifest.format} {engine.manifest.precision}, {args.runtime} "
+          f"runtime, {mode}) on "
           f"http://{host}:{port}/v1", file=sys.stderr)
     server.run(sockets=[sock])
     return 0

@@ -1,0 +1,201 @@
+"""`edge-spec serve --runtime native`: the same live server (tests/test_serve.py's `Live`) driving the C++ runner
+through its C API (edge_spec.serve.native over edge_spec.runtimes.native_capi), on the tiny llama ONNX bundle with
+its drafter. The Python runtime's Engine on the same bundle is the oracle: greedy answers are its text token for
+token; a cancel raised in the Python stream callback stops the runner (it crosses C as a nonzero return).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from edge_spec.serve.native import NativeEngine  # noqa: E402
+from tests.test_native_ort import ort_native  # noqa: E402,F401 (build/native with the onnx backend)
+from tests.test_native import native  # noqa: E402,F401 (the build fixture)
+from tests.test_serve import MODEL, PROMPT, Live, Slow, bundle, engine, metric, wait_until  # noqa: E402,F401
+
+LIB = "libedge_spec.so"
+
+
+@pytest.fixture(scope="module")
+def native_engine(ort_native, bundle):  # noqa: F811
+    runner = NativeEngine(bundle, threads=1, library=str(ort_native / LIB))
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="module")
+def live_native(native_engine):
+    server = Live(native_engine, queue=64, timeout=60)
+    yield server
+    server.stop()
+
+
+def test_the_runner_opens_the_bundle_as_the_python_runtime_does(native_engine, engine):  # noqa: F811
+    assert native_engine.vocab_size == engine.vocab_size and native_engine.max_context == engine.max_context
+    assert native_engine.drafter is not None and native_engine.exactness is not None
+    assert native_engine.exactness.exact  # the tiny bundle is batch-invariant on every CPU we run on
+    assert "onnxruntime" in native_engine.identity
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_greedy_completion_through_the_native_runner_equals_generate(live_native, engine, stream):  # noqa: F811
+    want = engine.generate(PROMPT, max_new_tokens=12, temperature=0.0)
+    client = live_native.client()
+    if stream:
+        chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+        text, usage = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage
+        stats = chunks[-1].model_extra["edge_spec"]
+    else:
+        done = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
+        text, usage, stats = done.choices[0].text, done.usage, done.model_extra["edge_spec"]
+    assert text == want.text
+    assert usage.prompt_tokens == want.prompt_tokens and usage.completion_tokens == want.new_tokens
+    assert stats["speculative"] is True and stats["tau"] >= 1.0 and stats["target_passes"] >= 1
+
+
+def test_chat_and_concurrent_clients_through_the_native_runner(live_native, engine):  # noqa: F811
+    """Chat renders through the same template; 8 clients x 2 requests at once each get their own prompt's answer."""
+    want = engine.generate(PROMPT, max_new_tokens=8, temperature=0.0, chat=True)
+    done = live_native.client().chat.completions.create(model=MODEL, max_tokens=8, temperature=0,
+                                                        messages=[{"role": "user", "content": PROMPT}])
+    assert done.choices[0].message.content == want.text
+    prompts = [f"w{10 + i} w{40 + i} w{90 + i}" for i in range(8)]
+    expected = {p: engine.generate(p, max_new_tokens=4, temperature=0.0).text for p in prompts}
+    got, errors = [], []
+
+    def client_loop(prompt):
+        try:
+            for _ in range(2):
+                answer = live_native.client().completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                                                 temperature=0)
+                got.append((prompt, answer.choices[0].text))
+        except Exception as err:  # noqa: BLE001 (reported below)
+            errors.append(err)
+
+    threads = [threading.Thread(target=client_loop, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(got) == 16 and all(text == expected[p] for p, text in got)
+
+
+def test_seeded_sampling_and_stop_strings_through_the_native_runner(live_native, engine):  # noqa: F811
+    client = live_native.client()
+
+    def sample(seed):
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.9,
+                                         seed=seed).choices[0].text
+
+    first = sample(7)
+    assert sample(7) == first and len({sample(seed) for seed in range(6)}) > 1
+    full = engine.generate("w15 w45 w95", max_new_tokens=8, temperature=0.0).text
+    cut = full[:full.index("5 w3")]
+    done = client.completions.create(model=MODEL, prompt="w15 w45 w95", max_tokens=8, temperature=0, stop=["5 w3"])
+    assert done.choices[0].text == cut and done.choices[0].finish_reason == "stop"
+
+
+def test_a_cancel_stops_the_runner_and_it_keeps_serving(native_engine):
+    """The time limit (504) is raised inside the Python callback: the runner stops at its next token and the
+    next request is answered in full (the handle is not left mid-run)."""
+    server = Live(Slow(native_engine, 0.05), timeout=0.5)
+    try:
+        began = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as info:
+            server.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=100, temperature=0)
+        assert info.value.status_code == 504 and time.monotonic() - began < 3
+        assert metric(server.url, "edge_spec_cancelled_total", reason="time limit") == 1
+        wait_until(lambda: not httpx.get(f"{server.url}/health").json()["busy"])
+    finally:
+        server.stop()
+    server = Live(native_engine, timeout=30)
+    try:
+        done = server.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
+        assert done.usage.completion_tokens >= 1 and done.choices[0].finish_reason in ("stop", "length")
+    finally:
+        server.stop()
+
+
+def test_the_cli_refuses_native_flag_mixups_and_a_missing_library(bundle, capsys, tmp_path):  # noqa: F811
+    from edge_spec.cli import main
+
+    cases = [(["--runtime", "native", "--no-spin"], "--no-spin"),
+             (["--native-lib", str(tmp_path / LIB)], "--native-lib"),
+             (["--runtime", "native", "--native-lib", str(tmp_path / LIB)], "make native")]
+    for args, words in cases:
+        code = main(["serve", "--bundle", str(bundle), "--port", "0", *args])
+        err = capsys.readouterr().err
+        assert code == 2 and "error:" in err and "fix:" in err and words in err and "Traceback" not in err, err
+
+
+def test_bench_serve_measures_both_runtimes_and_their_texts_agree(ort_native, bundle, tmp_path):  # noqa: F811
+    """`edge-spec bench-serve` (a benchmark, not a timed test: only its rows and their agreement are checked)."""
+    import json
+
+    from edge_spec.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "chat": False}) + "\n" for p in (PROMPT, "w15 w45 w95")))
+    out = tmp_path / "bench.json"
+    code = main(["bench-serve", "--bundle", str(bundle), "--runtime", "python", "native", "--prompts", str(prompts),
+                 "--max-new-tokens", "6", "--clients", "1", "3", "--threads", "1", "--native-lib",
+                 str(ort_native / LIB), "--json", str(out), "--markdown", str(tmp_path / "b.md")])
+    assert code == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["runtime"], r["mode"], r["clients"]) for r in rows] == [
+        (rt, mode, c) for rt in ("python", "native") for mode, c in (("direct", 1), ("server", 1), ("server", 3))]
+    assert all(r["same_text"] == "2/2" for r in rows if "same_text" in r)
+    assert [r["requests"] for r in rows] == [2, 2, 6] * 2 and all(r["tok_s"] > 0 for r in rows)
+    assert "| native | server | 3 |" in (tmp_path / "b.md").read_text()
+
+
+# ---- the real SmolLM2 (the `real` tier: these fixtures depend on `smollm2` / `converted`) -------------------------
+@pytest.fixture(scope="module")
+def smollm2_serve_bundle(smollm2, converted):
+    """SmolLM2-135M-Instruct + its built-in drafter as `make demo` exports it (ONNX int4)."""
+    from edge_spec.api import resolve_drafter
+    from edge_spec.exporters.onnx import export_bundle
+    from edge_spec.loading.checkpoints import load_drafter
+
+    drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
+    return export_bundle(smollm2, converted.parent / "bundle-serve-int4", drafter=drafter, precision="int4",
+                         max_context=512)
+
+
+@pytest.mark.parametrize("runtime", ["python", "native"])
+def test_smollm2_served_answers_equal_generate(runtime, smollm2_serve_bundle, native):  # noqa: F811
+    """The official client against a live server on the real model: chat (streaming and not) and a completion, greedy,
+    == `edge-spec generate`'s text; the decode was speculative (tau > 1) on either runtime."""
+    from edge_spec.api import load_bundle
+
+    engine = load_bundle(smollm2_serve_bundle, threads=2)
+    served = engine if runtime == "python" else NativeEngine(smollm2_serve_bundle, threads=2,
+                                                             library=str(native / LIB))
+    question = "What is the capital of France?"
+    want = engine.generate(question, chat=True, max_new_tokens=32)
+    assert "Paris" in want.text
+    server = Live(served, timeout=300)
+    try:
+        client = server.client()
+        messages = [{"role": "user", "content": question}]
+        done = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, temperature=0)
+        assert done.choices[0].message.content == want.text
+        assert done.model_extra["edge_spec"]["speculative"] is True and done.model_extra["edge_spec"]["tau"] > 1.0
+        chunks = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, temperature=0,
+                                                stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+        prompt = "The three primary colours are"
+        text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+        assert text == engine.generate(prompt, max_new_tokens=24).text
+    finally:
+        server.stop()
+        if served is not engine:
+            served.close()
