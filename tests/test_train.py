@@ -37,6 +37,21 @@ def test_held_out_split_is_deterministic_and_disjoint():
         D.chat_prompts(["os"], held_out=False, templates_per_topic=9)
 
 
+def test_a_text_file_by_itself_is_a_corpus_of_pieces(tmp_path):
+    """`--data corpus.txt`: the file (any size: this one is past the 400 kB a file inside a folder may have) is cut
+    into pieces at blank lines, split into train and held-out pieces; nothing is lost or repeated."""
+    paragraphs = [" ".join(f"w{(i * 7 + j) % 300}" for j in range(150)) for i in range(1000)]
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(paragraphs) + "\n")
+    assert path.stat().st_size > 400_000
+    pieces = list(D.file_pieces(path))
+    assert "".join(pieces) == path.read_text() and all(len(p) >= D.PIECE_CHARS for p in pieces[:-1])
+    train = list(D.iter_documents([path], held_out=False, min_chars=0))
+    held = list(D.iter_documents([path], held_out=True, min_chars=0))
+    assert train and held and len(train) + len(held) == len(pieces)
+    assert sorted(d.text for d in train + held) == sorted(pieces)
+
+
 def test_pack_and_anchor_masks_exact():
     assert pack([[1, 2, 3], [4, 5]], 3, 100, sep=0).tolist() == [[1, 2, 3], [0, 4, 5]]
     mask = anchor_masks(t=4, n_anchors=2, window=None)[0, 0]

@@ -13,7 +13,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--target", default="smollm2-135m", help="built-in name or HF folder of the target")
     tr.add_argument("--data", nargs="+", default=["debian-docs", "stdlib", "chat"],
                     help="built-in sources (debian-docs, stdlib, chat, everyday: answers to everyday questions) and/or "
-                         "text files/folders")
+                         "text folders and files (a .txt file by itself is a corpus: cut into pieces, 5%% held out)")
     tr.add_argument("--out", required=True, help="drafter folder to write (work files go to OUT.work/)")
     tr.add_argument("--work", default=None, help="cache folder for corpora/shards/checkpoints (default OUT.work)")
     tr.add_argument("--max-tokens", type=int, default=400_000, help="training tokens (regenerated chat included)")
@@ -56,6 +56,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="teacher activations on disk: fp16, or 4-bit codes after a Hadamard rotation (3.8x smaller)")
     tr.add_argument("--vocab-sample", type=int, default=4096,
                     help="uniform negatives of the sampled-softmax loss (0 = full vocabulary, ~3x slower)")
+    tr.add_argument("--fp32", action="store_true",
+                    help="train in fp32, no bf16 autocast (slower; ranks then agree with one process to fp32 "
+                         "rounding, not bf16's)")
+    tr.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where the teacher pass and training run (auto: cuda when torch sees a GPU). Under torchrun "
+                         "(docs/training.md) every rank takes its share of --batch-seqs, which must be a multiple of "
+                         "the number of ranks")
 
     ev = sub.add_parser("eval-drafter", help="speculative generation over JSONL prompts: tau, acceptance by position")
     ev.add_argument("--model", default="smollm2-135m")
@@ -82,6 +89,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """One process, or one rank of those torchrun started (RANK / WORLD_SIZE in the environment): rank 0 prints."""
+    from edge_spec.train.dist import launched
+
+    with launched(args.device) as dist:
+        report = _train(args, dist)
+        if dist.main:
+            print(json.dumps({k: report[k] for k in ("steps", "total_steps", "world_size", "device", "data", "drafter",
+                                                     "held_out", "total_seconds") if k in report},
+                             indent=2, default=float))
+            print(f"drafter written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _train(args: argparse.Namespace, dist) -> dict:
     import torch
 
     from edge_spec.loading.checkpoints import load
@@ -89,7 +110,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from edge_spec.train.trainer import TrainConfig
 
     cfg = TrainConfig(steps_ahead=args.steps_ahead, optimizer=args.optimizer, lr=args.lr, batch_seqs=args.batch_seqs,
-                      epochs=args.epochs, seed=args.seed, vocab_sample=args.vocab_sample)
+                      epochs=args.epochs, seed=args.seed, vocab_sample=args.vocab_sample,
+                      bf16=not args.fp32)
     init = None
     if args.init:
         from edge_spec.api import resolve_drafter
@@ -103,11 +125,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                  train_cfg=cfg, max_steps=args.max_steps,
                  work=Path(args.work) if args.work else None, init=init, shard_bits=args.shard_bits,
                  save_dtype=getattr(torch, args.save_dtype), minutes=args.minutes,
-                 regenerated=Path(args.regenerated) if args.regenerated else None)
-    print(json.dumps({k: report[k] for k in ("steps", "total_steps", "data", "drafter", "held_out", "total_seconds") if k in report},
-                     indent=2, default=float))
-    print(f"drafter written to {args.out}", file=sys.stderr)
-    return 0
+                 regenerated=Path(args.regenerated) if args.regenerated else None, dist=dist)
+    return report
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

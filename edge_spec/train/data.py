@@ -62,18 +62,43 @@ def _kind(path: Path) -> str:
     return "code" if path.suffix == ".py" else "docs"
 
 
+PIECE_CHARS = 4000  # a text file given by itself is cut into documents of about this size
+
+
+def file_pieces(path: Path, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
+    """A text file given by itself (`--data corpus.txt`, any size) as consecutive pieces of at least `piece_chars`
+    characters, cut at the first blank line after that (at a line end past twice that, for text without blank
+    lines); read line by line."""
+    lines: list[str] = []
+    size = 0
+    with path.open(errors="ignore") as f:
+        for line in f:
+            lines.append(line)
+            size += len(line)
+            if size >= piece_chars and (not line.strip() or size >= 2 * piece_chars):
+                yield "".join(lines)
+                lines, size = [], 0
+    if lines:
+        yield "".join(lines)
+
+
 def iter_documents(roots: list[Path], *, held_out: bool, min_chars: int = 200,
                    max_bytes: int = 400_000) -> Iterator[Document]:
-    """Text files under `roots` (sorted, so every run sees the same order), train or held-out part."""
+    """Text files under `roots` (sorted, so every run sees the same order), train or held-out part. A root that is a
+    file is a corpus by itself: its pieces (`file_pieces`) are the documents, split into train and held-out."""
     for root in roots:
         root = Path(root)
         if not root.exists():
             raise ConfigError(f"data path {root} does not exist", "pass existing files or folders to --data")
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()
-                                                     and p.name.endswith(TEXT_SUFFIXES)
-                                                     and "test" not in p.parts and "site-packages" not in p.parts)
+        if root.is_file():
+            for i, text in enumerate(file_pieces(root)):
+                if is_held_out(f"{root.name}#{i}") == held_out and len(text) >= min_chars:
+                    yield Document(f"{root}#{i}", _kind(root), text)
+            continue
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(TEXT_SUFFIXES)
+                       and "test" not in p.parts and "site-packages" not in p.parts)
         for path in files:
-            if is_held_out(str(path.relative_to(root) if path != root else path.name)) != held_out:
+            if is_held_out(str(path.relative_to(root))) != held_out:
                 continue
             if path.stat().st_size > max_bytes:
                 continue

@@ -1,8 +1,9 @@
 """Teacher passes over the target: batched greedy generation (regenerated chat data) and hidden-state /
 K/V extraction into on-disk shards.
 
-Runs a bf16 copy of the target when the CPU has fast bf16 matmuls (AMX / AVX512-BF16), else fp32;
-only drafter *quality* depends on this, never decoding correctness.
+Runs on the device the target's weights are on: a bf16 copy of the target on a GPU, and on a CPU when it has fast
+bf16 matmuls (AMX / AVX512-BF16), else fp32; only drafter *quality* depends on this, never decoding correctness.
+Inputs go to the model's device, results come back to the CPU (numpy, Python lists).
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from edge_spec.contract.kv import NEG_INF
 from edge_spec.model.transformer import Transformer
 
 
-def autocast_dtype() -> torch.dtype:
-    """bf16 when this CPU multiplies bf16 much faster than fp32, else fp32."""
+def autocast_dtype(device: torch.device | None = None) -> torch.dtype:
+    """bf16 on a GPU; on the CPU bf16 when it multiplies bf16 much faster than fp32, else fp32 (timed: ranks of a
+    distributed run must agree on rank 0's choice, dist.agree)."""
     import time
 
+    if device is not None and device.type == "cuda":
+        return torch.bfloat16
     a, b = torch.randn(256, 512), torch.randn(512, 2048)
     times = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -48,8 +52,8 @@ def cast_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 def _causal_mask(valid: torch.Tensor, n_new: int) -> torch.Tensor:
     """valid: [B, S + T] (False = left padding) -> additive mask [B, 1, T, S + T] for the last T rows."""
     b, total = valid.shape
-    q = torch.arange(total - n_new, total)[:, None]
-    k = torch.arange(total)[None, :]
+    q = torch.arange(total - n_new, total, device=valid.device)[:, None]
+    k = torch.arange(total, device=valid.device)[None, :]
     ok = (k <= q)[None] & valid[:, None, :]  # [B, T, S + T]
     return torch.where(ok, 0.0, float(NEG_INF))[:, None]
 
@@ -66,26 +70,29 @@ def batched_greedy(model: Transformer, prompts: list[list[int]], *, max_new_toke
         raise ConfigError(f"regenerated answers of up to {width} + {max_new_tokens} tokens pass the target's sliding "
                           f"window ({cfg.sliding_window}); batched greedy generation masks every layer alike",
                           f"lower --regen-tokens to at most {cfg.sliding_window - width} (or shorten the prompts)")
+    device = next(model.parameters()).device
     ids = torch.zeros(b, width, dtype=torch.long)
     valid = torch.zeros(b, width, dtype=torch.bool)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         valid[i, width - len(p):] = True
+    ids, valid = ids.to(device), valid.to(device)  # [B, S] left-padded
     pos = (valid.cumsum(1) - 1).clamp(min=0)
     n_cached = len(cfg.cached_layers())
     model = cast_model(model, dtype)
-    empty = [torch.zeros(b, cfg.kv_heads[l], 0, cfg.head_dims[l], dtype=dtype) for l in cfg.cached_layers()]
+    empty = [torch.zeros(b, cfg.kv_heads[l], 0, cfg.head_dims[l], dtype=dtype, device=device)
+             for l in cfg.cached_layers()]
     mask = _causal_mask(valid, width)
     out = model(ids, pos, {kind: mask for kind in cfg.kinds()}, empty, list(empty), last_only=True)
     ks, vs = out.new_k, out.new_v
     next_tok = out.logits[:, -1].float().argmax(-1)
-    results = [[int(t)] for t in next_tok]
+    results = [[t] for t in next_tok.tolist()]
     done = torch.tensor([t in stop_ids for t in next_tok.tolist()])
     last_pos = pos[:, -1]
     for _ in range(max_new_tokens - 1):
         if bool(done.all()):
             break
-        valid = torch.cat([valid, torch.ones(b, 1, dtype=torch.bool)], dim=1)
+        valid = torch.cat([valid, torch.ones(b, 1, dtype=torch.bool, device=device)], dim=1)
         last_pos = last_pos + 1
         mask = _causal_mask(valid, 1)
         out = model(next_tok[:, None], last_pos[:, None], {kind: mask for kind in cfg.kinds()}, ks, vs)
@@ -108,26 +115,27 @@ def extract(model: Transformer, sequences: np.ndarray, source_layers: list[int],
 
     `hidden` is the target's final hidden state (after the final norm) at every position."""
     cfg = model.cfg
+    device = next(model.parameters()).device
     model = cast_model(model, dtype)
     cached = list(cfg.cached_layers())
     out_h, out_k, out_v = [], {l: [] for l in source_layers}, {l: [] for l in source_layers}
     n, t = sequences.shape
-    mask = _causal_mask(torch.ones(1, t, dtype=torch.bool), t)
+    mask = _causal_mask(torch.ones(1, t, dtype=torch.bool, device=device), t)
     masks = {kind: mask for kind in cfg.kinds()}
     if "sliding" in masks:
-        q = torch.arange(t)[:, None]
-        k = torch.arange(t)[None, :]
+        q = torch.arange(t, device=device)[:, None]
+        k = torch.arange(t, device=device)[None, :]
         masks["sliding"] = torch.where((k <= q) & (q - k < cfg.sliding_window), 0.0, float(NEG_INF))[None, None]
     for start in range(0, n, batch):
-        ids = torch.from_numpy(sequences[start:start + batch].astype(np.int64))
+        ids = torch.from_numpy(sequences[start:start + batch].astype(np.int64)).to(device)  # [b, T]
         bsz = ids.shape[0]
-        pos = torch.arange(t)[None].expand(bsz, t)
-        empty = [torch.zeros(bsz, cfg.kv_heads[l], 0, cfg.head_dims[l], dtype=dtype) for l in cached]
+        pos = torch.arange(t, device=device)[None].expand(bsz, t)
+        empty = [torch.zeros(bsz, cfg.kv_heads[l], 0, cfg.head_dims[l], dtype=dtype, device=device) for l in cached]
         out = model(ids, pos, masks, empty, list(empty), with_logits=False)
-        out_h.append(out.hidden.float().numpy().astype(store))
-        for l in source_layers:
-            out_k[l].append(out.new_k[cached.index(l)].float().numpy().astype(store))
-            out_v[l].append(out.new_v[cached.index(l)].float().numpy().astype(store))
+        out_h.append(out.hidden.float().cpu().numpy().astype(store))  # [b, T, H]
+        for l in source_layers:  # [b, H_kv, T, D]
+            out_k[l].append(out.new_k[cached.index(l)].float().cpu().numpy().astype(store))
+            out_v[l].append(out.new_v[cached.index(l)].float().cpu().numpy().astype(store))
     result = {"hidden": np.concatenate(out_h)}
     for l in source_layers:
         result[f"k_{l}"] = np.concatenate(out_k[l])
