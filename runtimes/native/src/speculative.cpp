@@ -216,7 +216,7 @@ GenerationResult generate_plain(Session& session, const std::vector<int64_t>& pr
   r.tokens.push_back(token);
   bool go = !on_token || on_token(token);
   while (go && !stop_ids.count(token) && int(r.tokens.size()) < max_new_tokens) {
-    out = session.forward({token}, true);  // `token` is the one not yet in the cache
+    session.forward_into({token}, true, out);  // `token` is the one not yet in the cache
     session.commit(1);
     r.target_passes += 1;
     token = pick_token(out.logits.data(), vocab, params, rng);
@@ -295,7 +295,7 @@ GenerationResult generate_speculative(Session& session, DrafterBackend& drafter,
     const double t1 = now_s();
     std::vector<int64_t> pass = {token};
     pass.insert(pass.end(), drafts.begin(), drafts.end());
-    out = session.forward(pass);  // [1 + len(drafts)] rows
+    session.forward_into(pass, false, out);  // [1 + len(drafts)] rows
     const double t2 = now_s();
     VerifyResult v;
     if (fast_greedy) {
