@@ -11,6 +11,7 @@ them, so attention cost follows the context in use. Both methods are loaded once
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +35,11 @@ def _torch():
 
 def load_program(path: Path):
     """The .pte as an executorch Program (custom LLM ops registered first), or a BundleError naming the file."""
+    capi = sys.modules.get("edge_spec.runtimes.native_capi")
+    if capi is not None and capi.loaded:
+        raise ConfigError(f"cannot run {path} with the Python executorch runtime in this process: it loaded the native "
+                          f"runner's library ({capi.loaded[0]}), and both register llama::update_cache_* (ExecuTorch "
+                          "would abort the process)", capi.ONE_PER_PROCESS_FIX)
     try:
         with quiet(*IMPORT_NOISE):
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (kernels of llama::update_cache_*)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,6 +28,12 @@ ENV_LIB = "EDGE_SPEC_NATIVE_LIB"
 BUILD_FIX = "make native (or pass --native-lib PATH / set EDGE_SPEC_NATIVE_LIB to a built libedge_spec.so)"
 
 OK, ARGUMENT, BUNDLE, BACKEND, CONTEXT, ENCODING, CANCELLED, INTERNAL, VERSION = range(9)  # es_status
+# ExecuTorch's Python LLM ops register the same llama::update_cache_* kernels the library carries (for .pte bundles):
+# ExecuTorch aborts the process on the second registration, whichever of the two comes first
+ET_CUSTOM_OPS = "executorch.extension.llm.custom_ops.custom_ops"
+ONE_PER_PROCESS_FIX = ("run the native runner and the Python executorch runtime in separate processes (edge-spec serve "
+                       "--runtime native and edge-spec bench-serve do)")
+loaded: list[Path] = []  # the library, once loaded into this process (runtimes/executorch.py checks it)
 
 
 class _OpenOptions(ctypes.Structure):
@@ -63,6 +70,10 @@ class Library:
     """libedge_spec.so loaded, its functions typed."""
 
     def __init__(self, path: Path):
+        if ET_CUSTOM_OPS in sys.modules:
+            raise ConfigError(f"cannot load {path} into this process: it already runs ExecuTorch's Python LLM ops, "
+                              "and both register llama::update_cache_* (ExecuTorch would abort the process)",
+                              ONE_PER_PROCESS_FIX)
         try:
             lib = ctypes.CDLL(str(path))
         except OSError as err:
@@ -86,6 +97,7 @@ class Library:
         lib.es_bundle_info_json.restype = ctypes.c_char_p
         lib.es_close.argtypes = [ctypes.c_void_p]
         self.lib, self.path = lib, path
+        loaded.append(path)
 
 
 def _error(status: int, message: str) -> EdgeSpecError | RuntimeError:

@@ -2,6 +2,10 @@
 through its C API (edge_spec.serve.native over edge_spec.runtimes.native_capi), on the tiny llama ONNX bundle with
 its drafter. The Python runtime's Engine on the same bundle is the oracle: greedy answers are its text token for
 token; a cancel raised in the Python stream callback stops the runner (it crosses C as a nonzero return).
+
+The runner's library cannot share a process with ExecuTorch's Python LLM ops (both register llama::update_cache_*),
+which other tests of this pytest worker load: each case that loads it runs in a fresh interpreter (tests/isolated.py),
+with the bundle and the library passed in as paths.
 """
 
 from __future__ import annotations
@@ -14,98 +18,88 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from edge_spec.serve.native import NativeEngine  # noqa: E402
-from tests.test_native_ort import ort_native  # noqa: E402,F401 (build/native with the onnx backend)
+from tests.isolated import isolated  # noqa: E402
 from tests.test_native import native  # noqa: E402,F401 (the build fixture)
-from tests.test_serve import MODEL, PROMPT, Live, Slow, bundle, engine, metric, wait_until  # noqa: E402,F401
+from tests.test_native_ort import ort_native  # noqa: E402,F401 (build/native with the onnx backend)
+from tests.test_serve import MODEL, PROMPT, Live, Slow, bundle, metric, wait_until  # noqa: E402,F401
 
 LIB = "libedge_spec.so"
 
 
-@pytest.fixture(scope="module")
-def native_engine(ort_native, bundle):  # noqa: F811
-    runner = NativeEngine(bundle, threads=1, library=str(ort_native / LIB))
-    yield runner
-    runner.close()
+def _engines(bundle: str, lib: str):
+    from edge_spec.api import load_bundle
+    from edge_spec.serve.native import NativeEngine
+
+    return load_bundle(bundle, threads=1, spin=False), NativeEngine(bundle, threads=1, library=lib)
 
 
-@pytest.fixture(scope="module")
-def live_native(native_engine):
-    server = Live(native_engine, queue=64, timeout=60)
-    yield server
-    server.stop()
-
-
-def test_the_runner_opens_the_bundle_as_the_python_runtime_does(native_engine, engine):  # noqa: F811
+# ---- the cases, each run in a fresh interpreter -------------------------------------------------------------------
+def _answers(bundle: str, lib: str) -> None:
+    engine, native_engine = _engines(bundle, lib)
     assert native_engine.vocab_size == engine.vocab_size and native_engine.max_context == engine.max_context
     assert native_engine.drafter is not None and native_engine.exactness is not None
     assert native_engine.exactness.exact  # the tiny bundle is batch-invariant on every CPU we run on
     assert "onnxruntime" in native_engine.identity
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_greedy_completion_through_the_native_runner_equals_generate(live_native, engine, stream):  # noqa: F811
-    want = engine.generate(PROMPT, max_new_tokens=12, temperature=0.0)
-    client = live_native.client()
-    if stream:
+    server = Live(native_engine, queue=64, timeout=60)
+    try:
+        client = server.client()
+        # greedy completion, streaming and not: the Python runtime's text and counts
+        want = engine.generate(PROMPT, max_new_tokens=12, temperature=0.0)
+        done = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
+        stats = done.model_extra["edge_spec"]
+        assert done.choices[0].text == want.text
+        assert done.usage.prompt_tokens == want.prompt_tokens and done.usage.completion_tokens == want.new_tokens
+        assert stats["speculative"] is True and stats["tau"] >= 1.0 and stats["target_passes"] >= 1
         chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
                                                 stream_options={"include_usage": True}))
-        text, usage = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage
-        stats = chunks[-1].model_extra["edge_spec"]
-    else:
-        done = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
-        text, usage, stats = done.choices[0].text, done.usage, done.model_extra["edge_spec"]
-    assert text == want.text
-    assert usage.prompt_tokens == want.prompt_tokens and usage.completion_tokens == want.new_tokens
-    assert stats["speculative"] is True and stats["tau"] >= 1.0 and stats["target_passes"] >= 1
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+        assert chunks[-1].usage.completion_tokens == want.new_tokens
+        # chat through the same template
+        want = engine.generate(PROMPT, max_new_tokens=8, temperature=0.0, chat=True)
+        done = client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0,
+                                              messages=[{"role": "user", "content": PROMPT}])
+        assert done.choices[0].message.content == want.text
+        # 8 clients x 2 requests at once: each its own prompt's answer
+        prompts = [f"w{10 + i} w{40 + i} w{90 + i}" for i in range(8)]
+        expected = {p: engine.generate(p, max_new_tokens=4, temperature=0.0).text for p in prompts}
+        got, errors = [], []
+
+        def client_loop(prompt):
+            try:
+                for _ in range(2):
+                    answer = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                                                temperature=0)
+                    got.append((prompt, answer.choices[0].text))
+            except Exception as err:  # noqa: BLE001 (reported below)
+                errors.append(repr(err))
+
+        threads = [threading.Thread(target=client_loop, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert len(got) == 16 and all(text == expected[p] for p, text in got)
+        # seeded sampling is reproducible, and the seed matters
+        def sample(seed):
+            return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.9,
+                                             seed=seed).choices[0].text
+
+        first = sample(7)
+        assert sample(7) == first and len({sample(seed) for seed in range(6)}) > 1
+        # a stop string is cut as OpenAI does
+        full = engine.generate("w15 w45 w95", max_new_tokens=8, temperature=0.0).text
+        cut = full[:full.index("5 w3")]
+        done = client.completions.create(model=MODEL, prompt="w15 w45 w95", max_tokens=8, temperature=0,
+                                         stop=["5 w3"])
+        assert done.choices[0].text == cut and done.choices[0].finish_reason == "stop"
+    finally:
+        server.stop()
+        native_engine.close()
 
 
-def test_chat_and_concurrent_clients_through_the_native_runner(live_native, engine):  # noqa: F811
-    """Chat renders through the same template; 8 clients x 2 requests at once each get their own prompt's answer."""
-    want = engine.generate(PROMPT, max_new_tokens=8, temperature=0.0, chat=True)
-    done = live_native.client().chat.completions.create(model=MODEL, max_tokens=8, temperature=0,
-                                                        messages=[{"role": "user", "content": PROMPT}])
-    assert done.choices[0].message.content == want.text
-    prompts = [f"w{10 + i} w{40 + i} w{90 + i}" for i in range(8)]
-    expected = {p: engine.generate(p, max_new_tokens=4, temperature=0.0).text for p in prompts}
-    got, errors = [], []
-
-    def client_loop(prompt):
-        try:
-            for _ in range(2):
-                answer = live_native.client().completions.create(model=MODEL, prompt=prompt, max_tokens=4,
-                                                                 temperature=0)
-                got.append((prompt, answer.choices[0].text))
-        except Exception as err:  # noqa: BLE001 (reported below)
-            errors.append(err)
-
-    threads = [threading.Thread(target=client_loop, args=(p,)) for p in prompts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    assert len(got) == 16 and all(text == expected[p] for p, text in got)
-
-
-def test_seeded_sampling_and_stop_strings_through_the_native_runner(live_native, engine):  # noqa: F811
-    client = live_native.client()
-
-    def sample(seed):
-        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.9,
-                                         seed=seed).choices[0].text
-
-    first = sample(7)
-    assert sample(7) == first and len({sample(seed) for seed in range(6)}) > 1
-    full = engine.generate("w15 w45 w95", max_new_tokens=8, temperature=0.0).text
-    cut = full[:full.index("5 w3")]
-    done = client.completions.create(model=MODEL, prompt="w15 w45 w95", max_tokens=8, temperature=0, stop=["5 w3"])
-    assert done.choices[0].text == cut and done.choices[0].finish_reason == "stop"
-
-
-def test_a_cancel_stops_the_runner_and_it_keeps_serving(native_engine):
-    """The time limit (504) is raised inside the Python callback: the runner stops at its next token and the
-    next request is answered in full (the handle is not left mid-run)."""
+def _cancel(bundle: str, lib: str) -> None:
+    _, native_engine = _engines(bundle, lib)
     server = Live(Slow(native_engine, 0.05), timeout=0.5)
     try:
         began = time.monotonic()
@@ -122,6 +116,32 @@ def test_a_cancel_stops_the_runner_and_it_keeps_serving(native_engine):
         assert done.usage.completion_tokens >= 1 and done.choices[0].finish_reason in ("stop", "length")
     finally:
         server.stop()
+        native_engine.close()
+
+
+# ---- the tests --------------------------------------------------------------------------------------------------
+def test_native_server_answers_as_the_python_runtime(ort_native, bundle):  # noqa: F811
+    """Greedy completions (streaming and not) and chat == the Python runtime's text and counts; the runner's host
+    check is the verdict; 8 concurrent clients each get their own answer; seeded sampling repeats; stop strings."""
+    isolated(_answers, str(bundle), str(ort_native / LIB))
+
+
+def test_a_cancel_stops_the_runner_and_it_keeps_serving(ort_native, bundle):  # noqa: F811
+    """The time limit (504) is raised inside the Python callback: the runner stops at its next token and the
+    next request is answered in full (the handle is not left mid-run)."""
+    isolated(_cancel, str(bundle), str(ort_native / LIB))
+
+
+def test_the_library_refuses_a_process_with_executorchs_llm_ops(ort_native, monkeypatch):  # noqa: F811
+    """Loading it beside ExecuTorch's Python LLM ops would abort the process: refused with the fix instead."""
+    import sys
+
+    from edge_spec.errors import ConfigError
+    from edge_spec.runtimes import native_capi
+
+    monkeypatch.setitem(sys.modules, native_capi.ET_CUSTOM_OPS, sys)  # as if they were imported
+    with pytest.raises(ConfigError, match="separate processes"):
+        native_capi.Library(ort_native / LIB)
 
 
 def test_the_cli_refuses_native_flag_mixups_and_a_missing_library(bundle, capsys, tmp_path):  # noqa: F811
@@ -170,15 +190,12 @@ def smollm2_serve_bundle(smollm2, converted):
                          max_context=512)
 
 
-@pytest.mark.parametrize("runtime", ["python", "native"])
-def test_smollm2_served_answers_equal_generate(runtime, smollm2_serve_bundle, native):  # noqa: F811
-    """The official client against a live server on the real model: chat (streaming and not) and a completion, greedy,
-    == `edge-spec generate`'s text; the decode was speculative (tau > 1) on either runtime."""
+def _smollm2_served(bundle: str, lib: str | None) -> None:
     from edge_spec.api import load_bundle
+    from edge_spec.serve.native import NativeEngine
 
-    engine = load_bundle(smollm2_serve_bundle, threads=2)
-    served = engine if runtime == "python" else NativeEngine(smollm2_serve_bundle, threads=2,
-                                                             library=str(native / LIB))
+    engine = load_bundle(bundle, threads=2)
+    served = engine if lib is None else NativeEngine(bundle, threads=2, library=lib)
     question = "What is the capital of France?"
     want = engine.generate(question, chat=True, max_new_tokens=32)
     assert "Paris" in want.text
@@ -199,3 +216,11 @@ def test_smollm2_served_answers_equal_generate(runtime, smollm2_serve_bundle, na
         server.stop()
         if served is not engine:
             served.close()
+
+
+@pytest.mark.parametrize("runtime", ["python", "native"])
+def test_smollm2_served_answers_equal_generate(runtime, smollm2_serve_bundle, native):  # noqa: F811
+    """The official client against a live server on the real model: chat (streaming and not) and a completion, greedy,
+    == `edge-spec generate`'s text; the decode was speculative (tau > 1) on either runtime."""
+    lib = str(native / LIB) if runtime == "native" else None
+    isolated(_smollm2_served, str(smollm2_serve_bundle), lib)

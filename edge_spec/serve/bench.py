@@ -7,12 +7,16 @@ the same token ids: POST /v1/completions), so drift hits both alike; then `--cli
 prompt at once (each starting at another prompt). Figures: tokens per second (completion tokens / summed request
 wall time, one client; / the phase's wall time, several), per-request latency p50 / p99 (client side, the prefill
 included), the server's overhead against direct decoding, and whether every served text equals the direct one.
+Each runtime is measured in a fresh process of its own (multiprocessing's spawn): the native runner's library and
+ExecuTorch's Python LLM ops cannot share one (edge_spec.runtimes.native_capi), and neither runtime's memory or
+threads then weigh on the other's figures.
 Output: a table on stdout, --json, --markdown, --plot (as `edge-spec bench`).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import re
 import subprocess
 import sys
@@ -229,7 +233,8 @@ def main(args) -> int:
     prompt_ids = [tokenizer.encode_prompt(p["prompt"], chat=p["chat"]) for p in prompts]
     rows = []
     for runtime in args.runtime:
-        rows += measure_runtime(args, runtime, prompt_ids)
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            rows += pool.apply(measure_runtime, (args, runtime, prompt_ids))
     meta = {"command": "edge-spec " + " ".join(sys.argv[1:]), "machine": machine(), "bundle": args.bundle,
             "prompts": len(prompts), "max_new_tokens": args.max_new_tokens}
     if args.json:
