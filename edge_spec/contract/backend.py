@@ -116,7 +116,8 @@ class DraftStep(NamedTuple):
 
 
 class DrafterBackend(Protocol):
-    """A drafter reading the *target backend's* caches (it owns none)."""
+    """A drafter beside the target backend: the MTP drafter reads the target's caches (it owns none); an EAGLE-3
+    drafter owns one, kept in step with the target's commits (edge_spec/runtimes/torch_eagle3.py)."""
 
     kernel_s: float  # as Backend.kernel_s
 

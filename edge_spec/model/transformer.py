@@ -24,6 +24,10 @@ class ModelOutput(NamedTuple):
     new_k: list[torch.Tensor]  # per cached layer, in cfg.cached_layers() order: [1, H_kv, T, D] (a fused-attention
     #                            Ops: the written caches [1, H_kv, S, D], Ops.fused_attention)
     new_v: list[torch.Tensor]
+    # [1, T, n * H] when forward is given aux_layers (an EAGLE-3 drafter's input, edge_spec/model/eagle3.py): the
+    # residual stream entering each of those layers (id num_layers: leaving the last one, before the final norm),
+    # concatenated in their order, for every row even when last_only; None otherwise
+    aux: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -253,11 +257,12 @@ class Transformer(nn.Module):
         return (proj + table.reshape(*x.shape[:-1], n, p)) * 2 ** -0.5
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict, k_caches: list, v_caches: list,
-                last_only: bool = False, with_logits: bool = True, form: Form = SPLIT, ops: Ops = EAGER) -> ModelOutput:
+                last_only: bool = False, with_logits: bool = True, form: Form = SPLIT, ops: Ops = EAGER,
+                aux_layers: tuple[int, ...] = ()) -> ModelOutput:
         """input_ids, position_ids: [1, T]; masks: kind -> [1, 1, T, S_kind + T] (or the form's `Mask`);
         k_caches[i], v_caches[i]: [1, H_kv, S, D] for cached layer i (cfg.cached_layers() order; empty lists when
         the form owns the caches: `forms.State`). form: how layers attend (edge_spec.model.forms); ops: how rotary,
-        projections and residual norms are computed (edge_spec.model.ops)."""
+        projections and residual norms are computed (edge_spec.model.ops); aux_layers: ModelOutput.aux."""
         x = self.embed(input_ids)  # [1, T, H]
         ple = self.per_layer_inputs(input_ids, x) if self.cfg.per_layer_input_size else None
         rope = {kind: ops.rope(self, kind, position_ids) for kind in self.cfg.rope}
@@ -266,7 +271,10 @@ class Transformer(nn.Module):
         new_k, new_v = [], []
         fold = ops.fold_residuals and self.cfg.family not in GEMMA_FAMILIES
         delta = None  # fold: the last block's MLP output, added to x by the next norm
+        states = {}  # aux layer id -> the residual stream entering it [1, T, H]
         for layer, block in enumerate(self.model.layers):
+            if layer in aux_layers:
+                states[layer] = x if delta is None else x + delta
             kind = self.cfg.layer_kinds[layer]
             i = cache_index.get(layer)
             caches = (k_caches[i], v_caches[i]) if i is not None and k_caches else (None, None)
@@ -277,13 +285,17 @@ class Transformer(nn.Module):
             if new is not None:
                 new_k.append(new[0])
                 new_v.append(new[1])
+        aux = None
+        if aux_layers:
+            states[len(self.model.layers)] = x if delta is None else x + delta
+            aux = torch.cat([states[i] for i in aux_layers], dim=-1)  # [1, T, n * H]
         if last_only:
             x, delta = x[:, -1:], delta[:, -1:] if delta is not None else None
         hidden, _ = ops.skip_norm(x, delta, self.model.norm)
         if not with_logits:  # teacher passes that only need hidden states / K/V
-            return ModelOutput(hidden[..., :0], hidden, new_k, new_v)
+            return ModelOutput(hidden[..., :0], hidden, new_k, new_v, aux)
         logits = self.lm_head(hidden)
         cap = self.cfg.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap
-        return ModelOutput(logits, hidden, new_k, new_v)
+        return ModelOutput(logits, hidden, new_k, new_v, aux)
