@@ -20,6 +20,8 @@ from edge_spec.loading.checkpoints import BUILTIN_MODELS, LoadedModel, load_draf
 from edge_spec.loading.checkpoints import load as load_checkpoint
 from edge_spec.contract.layout import kv_layout
 from edge_spec.model.drafter import Drafter, pair
+from edge_spec.model.eagle3 import Eagle3Config, Eagle3Drafter, check_eagle3_pair
+from edge_spec.loading.speculators_eagle3 import load_eagle3, read_eagle3_config, speculators_model_type
 from edge_spec.errors import BundleError, CheckpointError, ConfigError
 from edge_spec.contract.formats import (EAGER_RUNTIME, RUN, check_options, check_runtime, format_of_runtime,
                                         get_format, runtime_for)
@@ -214,12 +216,38 @@ class Engine:
         return result
 
 
-def _torch_engine(loaded: LoadedModel, drafter: Drafter | None, layout: KVLayout, threads: int | None,
-                  prefill_chunk: int = 128, host_check: bool = True, **extra) -> Engine:
+def _read_drafter(folder: Path) -> Drafter | Eagle3Config:
+    """A drafter folder, told apart by its config.json: a Speculators folder (`speculators_model_type`, read by
+    edge_spec.loading.speculators_eagle3, which refuses algorithms other than eagle3) -> its checked config only (its
+    tensors load beside the target: they may need the target's embedding); else our MTP drafter, loaded."""
+    if speculators_model_type(folder) is not None:
+        return read_eagle3_config(folder)
+    return load_drafter(folder)
+
+
+def _eagle3_drafter(folder: Path, cfg: Eagle3Config, loaded: LoadedModel) -> Eagle3Drafter:
+    """The eagle3 drafter of `folder` for the target `loaded`: the pair checked (hidden size, vocabulary, aux
+    layers) before any tensor is read; a checkpoint that leaves embed_tokens to the verifier takes the target's."""
+    check_eagle3_pair(loaded.config, cfg, f"the target {loaded.name}", f"the EAGLE-3 drafter {folder}")
+    return load_eagle3(folder, target_embedding=loaded.model.model.embed_tokens.weight)
+
+
+def _torch_runner(loaded: LoadedModel, drafter: Drafter | Eagle3Drafter | None, layout: KVLayout, threads: int):
+    """(target backend, drafter backend or None) on eager torch: an MTP drafter reads the target's caches, an
+    EAGLE-3 drafter its aux states (runtimes/torch_eagle3: the target wrapped in AuxTarget, the drafter's own cache)."""
     from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 
-    backend = TorchBackend(loaded.model, layout, threads=check_threads(threads) or DEFAULT_TORCH_THREADS)
-    runner = TorchDrafter(drafter, backend, pair(loaded.model, drafter)) if drafter is not None else None
+    if isinstance(drafter, Eagle3Drafter):
+        from edge_spec.runtimes.torch_eagle3 import eagle3_pair
+
+        return eagle3_pair(loaded.model, drafter, layout, threads=threads)
+    backend = TorchBackend(loaded.model, layout, threads=threads)
+    return backend, (TorchDrafter(drafter, backend, pair(loaded.model, drafter)) if drafter is not None else None)
+
+
+def _torch_engine(loaded: LoadedModel, drafter: Drafter | Eagle3Drafter | None, layout: KVLayout,
+                  threads: int | None, prefill_chunk: int = 128, host_check: bool = True, **extra) -> Engine:
+    backend, runner = _torch_runner(loaded, drafter, layout, check_threads(threads) or DEFAULT_TORCH_THREADS)
     if "datastore" not in extra and runner is not None:  # a checkpoint: its committed regenerated answers, if any
         extra["datastore"] = target_datastore(loaded.name, loaded.config.vocab_size)
     engine = Engine(session=Session(backend, prefill_chunk=prefill_chunk), tokenizer=loaded.tokenizer,
@@ -251,8 +279,12 @@ def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: st
                           f"export one first (edge-spec export --model {model} --out DIR) and pass bundle=DIR "
                           "(CLI: --bundle DIR)")
     check_options(None, options, RUN, runtime=runtime)
-    drafter_module = load_drafter(resolve_drafter(drafter, model)) if drafter else None
+    drafter_folder = resolve_drafter(drafter, model) if drafter else None
+    # a bad drafter fails before the target loads
+    drafter_module = _read_drafter(drafter_folder) if drafter_folder is not None else None
     loaded = load_checkpoint(model)
+    if isinstance(drafter_module, Eagle3Config):
+        drafter_module = _eagle3_drafter(drafter_folder, drafter_module, loaded)
     max_context = max_context or min(DEFAULT_MAX_CONTEXT, loaded.config.max_position_embeddings)
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise ConfigError(f"max_context must be an integer >= 2, got {max_context!r}", "pass --max-context 2048, say")

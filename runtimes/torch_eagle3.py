@@ -4,8 +4,9 @@ Unlike the MTP drafter, an EAGLE-3 drafter (edge_spec/model/eagle3.py) owns a KV
 the target's committed positions: the row at position p pairs the target's aux states at p - 1 with token p, so
 after the target commits positions [0, L) (token L pending) the drafter's rows 1..L are all final. Each burst:
 
-  begin(L)        keep the committed rows that still agree with the target's tokens (a rewind or a new prompt
-                  drops the rest), and
+  begin(L)        keep the committed rows whose tokens 0..p all still agree with the target's (row p read the
+                  aux states at p - 1, which depend on every earlier token; a rewind or a new prompt drops the
+                  rest, also when only its first token differs), and
   first step      run the missing rows c + 1..L in one pass (target aux [c, L), tokens c + 1..L), commit them:
                   row L's output is the first draft;
   later steps     one chained row each (the previous row's hidden, the draft token), written after the committed
@@ -27,7 +28,7 @@ from torch import nn
 
 from edge_spec.contract.backend import DraftStep
 from edge_spec.errors import ConfigError
-from edge_spec.model.eagle3 import NEG, Eagle3Drafter, default_aux_layers
+from edge_spec.model.eagle3 import NEG, Eagle3Drafter, check_eagle3_pair
 from edge_spec.model.transformer import Transformer
 
 
@@ -65,13 +66,16 @@ class TorchEagle3Drafter:
             raise ConfigError("the target backend's model does not record aux states",
                               "build it as TorchBackend(AuxTarget(model, aux_layers, max_context), layout)")
         cfg = drafter.cfg
-        if cfg.hidden_size != target.model.cfg.hidden_size or cfg.target_vocab_size != target.model.cfg.vocab_size:
-            raise ConfigError("the eagle3 drafter's hidden size / vocabulary differ from the target's",
-                              "pair the drafter with the target it was trained for")
+        ids = check_eagle3_pair(target.model.cfg, cfg)
+        if ids != target.model.aux_layers:
+            raise ConfigError(f"the target records aux layers {target.model.aux_layers}, the drafter reads {ids}",
+                              "build the pair with eagle3_pair(model, drafter, layout)")
         self.drafter, self.aux_target = drafter, target.model
         capacity = len(self.aux_target.ids) + 1
         self.k, self.v = drafter.empty_caches(capacity)  # per layer [1, H_kv, S + 1, D]; slot p - 1: position p
-        self.rows = np.full(capacity, -1, dtype=np.int64)  # token of each committed row (slot p - 1)
+        # the target's token at each position 0..committed when the committed rows were computed: row p read the
+        # aux states at p - 1, which depend on tokens 0..p - 1, and token p
+        self.tokens = np.full(capacity + 1, -1, dtype=np.int64)
         self.committed = 0  # rows 1..committed are final
         self.used = 0  # rows written this burst (committed + chained)
         self.position, self.fresh = 0, False
@@ -81,10 +85,10 @@ class TorchEagle3Drafter:
 
     def begin(self, position: int, masks, n_cached: int) -> None:
         """A burst after the target's committed positions [0, position); the masks are the target's (unused)."""
-        known = self.aux_target.ids[1:position]  # tokens of the rows 1..position - 1
         keep = min(self.committed, position - 1)
-        same = self.rows[:keep] == known[:keep]
-        self.committed = keep if same.all() else int(np.argmin(same))  # rows up to the first disagreement
+        same = self.tokens[:keep + 1] == self.aux_target.ids[:keep + 1]  # tokens 0..keep
+        # a token differing at position j stales the rows j.. (token 0 too: every row's aux states read it)
+        self.committed = keep if same.all() else max(int(np.argmin(same)) - 1, 0)
         self.used, self.position, self.fresh = self.committed, position, True
 
     @torch.no_grad()
@@ -110,16 +114,17 @@ class TorchEagle3Drafter:
             v[:, :, s:s + t] = nv
         self.used += t
         if first:
-            self.rows[s:s + t] = ids
+            self.tokens[0] = self.aux_target.ids[0]
+            self.tokens[s + 1:s + 1 + t] = ids  # rows at positions s + 1..s + t
             self.committed = self.used
         return DraftStep(self.token_ids, out.logits[0, -1].numpy(), out.hidden[0, -1].numpy())
 
 
 def eagle3_pair(model: Transformer, drafter: Eagle3Drafter, layout, **backend_args):
     """(TorchBackend over AuxTarget(model), TorchEagle3Drafter) for the drafter's aux layers (its config's, or
-    Speculators' defaults for this target)."""
+    Speculators' defaults for this target); a drafter that does not fit the target is refused (check_eagle3_pair)."""
     from edge_spec.runtimes.torch import TorchBackend
 
-    ids = drafter.cfg.aux_layer_ids or default_aux_layers(model.cfg.num_layers)
+    ids = check_eagle3_pair(model.cfg, drafter.cfg)
     backend = TorchBackend(AuxTarget(model, ids, layout.max_context), layout, **backend_args)
     return backend, TorchEagle3Drafter(drafter, backend)

@@ -111,6 +111,26 @@ def test_greedy_speculative_equals_plain(target, k):
     assert runner.checks > 10
 
 
+def test_a_new_prompt_differing_only_in_its_first_token_drops_the_committed_rows(target):
+    """Row p reads the target's aux states at p - 1, which depend on token 0 as on every later one: after a prompt
+    that differs from the previous one only in its first token, no committed row may survive (CheckedDrafter
+    recomputes them; keeping them drafted from the old text's states)."""
+    drafter = drafter_for(target, seed=2)
+    backend, _ = eagle3_pair(target.model, drafter, kv_layout(target.config, 128))
+    runner = CheckedDrafter(drafter, backend)
+    session = Session(backend)
+    rest = [int(i) for i in np.random.default_rng(5).integers(4, 320, 12)]
+    for first in (5, 9):
+        prompt = [first] + rest
+        expected = generate_plain(session, prompt, max_new_tokens=12, params=SamplingParams(),
+                                  rng=np.random.default_rng(0), stop_ids=frozenset()).tokens
+        out = generate_speculative(session, runner, prompt, max_new_tokens=12, params=SamplingParams(),
+                                   rng=np.random.default_rng(0), stop_ids=frozenset(), k=3,
+                                   vocab_size=target.config.vocab_size)
+        assert out.tokens == expected
+    assert runner.checks > 2
+
+
 def test_accepted_drafts_are_recomputed_from_the_targets_states(target):
     """A verifier that accepts every draft (wrong on purpose: only the bookkeeping is under test) commits k + 1
     positions per pass; the drafter's next burst rebuilds those rows from the target's states, not its chain."""
@@ -130,6 +150,9 @@ def test_a_target_without_aux_states_is_refused(target):
         TorchEagle3Drafter(drafter_for(target), TorchBackend(target.model, kv_layout(target.config, 32)))
     with pytest.raises(ConfigError, match="outside the target's layers"):
         AuxTarget(target.model, (0, 4), 32)
+    backend = TorchBackend(AuxTarget(target.model, (0, 1, 2), 32), kv_layout(target.config, 32))
+    with pytest.raises(ConfigError, match=r"records aux layers \(0, 1, 2\), the drafter reads \(0, 1, 3\)"):
+        TorchEagle3Drafter(drafter_for(target), backend)
 
 
 def test_sampling_keeps_the_target_distribution(target):

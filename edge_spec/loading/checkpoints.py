@@ -17,7 +17,7 @@ from safetensors import safe_open
 from edge_spec.model.config import REUSE, ModelConfig, from_hf_dict
 from edge_spec.model.drafter import Drafter
 from edge_spec.model.drafter_config import drafter_config_from_dict
-from edge_spec.errors import CheckpointError
+from edge_spec.errors import CheckpointError, ConfigError
 from edge_spec.model.transformer import Transformer
 from edge_spec.loading.tokenizer import Tokenizer
 
@@ -151,6 +151,27 @@ def load(model: str = "smollm2-135m") -> LoadedModel:
     return LoadedModel(model, folder, cfg, module, tokenizer)
 
 
+def refuse_speculators(folder: Path, raw: dict) -> None:
+    """A Speculators folder (config.json's `speculators_model_type`) is not an MTP drafter: `edge_spec.load` /
+    `--drafter` run an eagle3 one eagerly (edge_spec.api), but what needs an MTP drafter (export to a bundle,
+    train-drafter --init, a bundle's eager sources) refuses it here, saying so, instead of misreading its config."""
+    kind = raw.get("speculators_model_type") if isinstance(raw, dict) else None
+    if kind is None:
+        return
+    if kind != "eagle3":
+        raise ConfigError(f"{folder} is a Speculators {kind!r} drafter; edge-spec reads only Speculators' eagle3 "
+                          "format, and that on the eager runtime only so far (issue 48)",
+                          "use an EAGLE-3 drafter on the eager runtime (edge-spec generate --drafter FOLDER), or an "
+                          "MTP drafter (--drafter builtin or an edge-spec train-drafter folder)")
+    raise ConfigError(f"{folder} is an EAGLE-3 drafter (Speculators' eagle3 format): EAGLE-3 drafters run on the "
+                      "eager runtime only so far (issue 48); exporting one to a bundle, or training from it, is not "
+                      "built (no drafter kind for it in the bundle's manifest, no graph exposing the target's aux "
+                      "states)",
+                      f"run it eagerly: edge-spec generate --model MODEL --drafter {folder} (Python: "
+                      "edge_spec.load(MODEL, drafter=FOLDER)); export the bundle without it (--drafter none) or with "
+                      "an MTP drafter (--drafter builtin, or a folder edge-spec train-drafter wrote)")
+
+
 def load_drafter(folder: str | Path) -> Drafter:
     """A drafter folder (config.json + *.safetensors, the format edge_spec.model.drafter.save_drafter writes) -> its
     Drafter, in eval mode; the same readers as the target's."""
@@ -158,6 +179,7 @@ def load_drafter(folder: str | Path) -> Drafter:
     if not folder.is_dir():
         raise CheckpointError(f"drafter folder {folder} does not exist", "pass --drafter builtin or a drafter folder")
     path, raw = read_config_json(folder, "a drafter folder")
+    refuse_speculators(folder, raw)
     module = Drafter(drafter_config_from_dict(raw, str(path)))
     expected = module.state_dict()
     loaded = {}

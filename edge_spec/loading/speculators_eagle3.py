@@ -39,13 +39,33 @@ TRAINING_ONLY_TENSORS = ("verifier_lm_head.", "verifier_norm.")
 SPEC = "Speculators 0.9's eagle3 format"
 
 
-def is_eagle3_folder(folder: str | Path) -> bool:
-    """True when folder/config.json says speculators_model_type "eagle3"."""
+def speculators_model_type(folder: str | Path) -> str | None:
+    """folder/config.json's speculators_model_type ("eagle3", or another Speculators algorithm): how a Speculators
+    folder marks itself. None: no such key, or no readable config.json (the caller's own loader reports that)."""
     path = Path(folder) / "config.json"
     try:
-        return json.loads(path.read_text()).get("speculators_model_type") == "eagle3"
+        kind = json.loads(path.read_text()).get("speculators_model_type")
     except (OSError, ValueError, AttributeError):
-        return False
+        return None
+    return None if kind is None else str(kind)
+
+
+def is_eagle3_folder(folder: str | Path) -> bool:
+    """True when folder/config.json says speculators_model_type "eagle3"."""
+    return speculators_model_type(folder) == "eagle3"
+
+
+def read_eagle3_config(folder: str | Path) -> Eagle3Config:
+    """folder/config.json as an Eagle3Config (validated; no tensors read)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{folder} has no config.json", "pass the folder Speculators' save_pretrained wrote")
+    try:
+        raw = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err})",
+                              "restore config.json from the original checkpoint") from err
+    return eagle3_config_from_dict(raw, str(path))
 
 
 def eagle3_config_from_dict(d: dict, source: str = "config.json") -> Eagle3Config:
@@ -125,10 +145,7 @@ def load_eagle3(folder: str | Path, target_embedding: torch.Tensor | None = None
     """The drafter of a Speculators eagle3 folder, float32, in eval mode. `target_embedding` [V, H]: the target's
     input embedding, used when the checkpoint leaves embed_tokens out (Speculators then takes the verifier's)."""
     folder = Path(folder)
-    path = folder / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{folder} has no config.json", "pass the folder Speculators' save_pretrained wrote")
-    cfg = eagle3_config_from_dict(json.loads(path.read_text()), str(path))
+    cfg = read_eagle3_config(folder)
     model = Eagle3Drafter(cfg)
     expected = model.state_dict()
     loaded: dict[str, torch.Tensor] = {}

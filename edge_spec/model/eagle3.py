@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from edge_spec.errors import ConfigError
 from edge_spec.model.attention import attend
 from edge_spec.model.config import ModelConfig
 from edge_spec.model.rope import apply_rope, rope_cos_sin
@@ -66,6 +67,29 @@ class Eagle3Config:
 def default_aux_layers(num_target_layers: int) -> tuple[int, ...]:
     """Speculators' default auxiliary layers (low / middle / high): (2, L // 2, L - 3)."""
     return 2, num_target_layers // 2, num_target_layers - 3
+
+
+def check_eagle3_pair(target: ModelConfig, cfg: Eagle3Config, target_name: str = "the target",
+                      drafter_name: str = "the eagle3 drafter") -> tuple[int, ...]:
+    """Refuse a drafter that does not fit the target (hidden size, vocabulary, aux layer ids), naming both sides;
+    returns the aux layer ids it reads (its config's, or `default_aux_layers` of the target)."""
+    problems = []
+    if cfg.hidden_size != target.hidden_size:
+        problems.append(f"hidden size: the drafter's is {cfg.hidden_size}, the target's {target.hidden_size}")
+    if cfg.target_vocab_size != target.vocab_size:
+        problems.append(f"vocabulary: the drafter's is {cfg.target_vocab_size} tokens, the target's "
+                        f"{target.vocab_size}")
+    n = target.num_layers
+    ids = cfg.aux_layer_ids or default_aux_layers(n)
+    if any(not 0 <= i <= n for i in ids):
+        where = "its eagle_aux_hidden_state_layer_ids" if cfg.aux_layer_ids else "Speculators' default aux layers"
+        problems.append(f"aux layers: {where} {tuple(ids)} are outside the target's layer ids [0, {n}] "
+                        f"({n} layers; id {n} is the stream leaving the last one)")
+    if problems:
+        raise ConfigError(f"{drafter_name} does not fit {target_name}: " + "; ".join(problems),
+                          "pass the EAGLE-3 drafter trained for this target (its transformer_layer_config's "
+                          "hidden_size and vocab_size must equal the target's), or train one for it with Speculators")
+    return tuple(ids)
 
 
 def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor | None) -> torch.Tensor:

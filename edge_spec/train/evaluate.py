@@ -55,8 +55,11 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
                               "evaluate a checkpoint pair (--model/--drafter), not a --bundle")
         if temperature != 0.0:
             raise ConfigError("--teacher-forced compares with the target's greedy tokens", "use --temperature 0")
-        from edge_spec.model.drafter import check_pair
+        from edge_spec.model.drafter import Drafter, check_pair
 
+        if not isinstance(getattr(engine.drafter, "drafter", None), Drafter):
+            raise ConfigError("--teacher-forced scores an MTP drafter; EAGLE-3 drafters are measured live only so far "
+                              "(issue 48)", "drop --teacher-forced (tau and acceptance by position are still measured)")
         model, drafter = engine.loaded.model, engine.drafter.drafter
         sources = check_pair(engine.loaded.config, drafter.cfg)
     groups: dict[str, dict] = {}
