@@ -38,9 +38,12 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, engine) -> list:
     """The peer runners `args` asks for, built (and their models cached) before the long measurement starts, so a
-    missing package or file fails first, not after it."""
+    missing package or file fails first, not after it. Each runs in a process of its own (peers/isolated.py), so its
+    peak resident memory is its own."""
     from edge_spec.loading.gguf_common import cache_root
     from edge_spec.loading.gguf_import import find_smollm2_gguf
+
+    from .isolated import IsolatedPeer
 
     wanted, cache = args.peer or [], cache_root() / "peers"
     runners = []
@@ -55,7 +58,7 @@ def from_args(args: argparse.Namespace, engine) -> list:
         if args.peer_quant or not gguf:
             source = find_smollm2_gguf()
             gguf += [peer_gguf(source, kind, cache) for kind in args.peer_quant or ["q4_1"]]
-        runners += [LlamaCppPeer(path, threads=args.threads) for path in gguf]
+        runners += [IsolatedPeer(LlamaCppPeer, path, threads=args.threads) for path in gguf]
     if "onnxruntime-genai" in wanted:
         from .genai import OrtGenaiPeer, genai_model
 
@@ -64,17 +67,25 @@ def from_args(args: argparse.Namespace, engine) -> list:
         # the bundle's precision family (int4-gguf: int4), fp32 for fp16
         family = precision.split("-")[0]
         precisions = args.genai_precision or [family if family in GENAI_PRECISIONS else "fp32"]
-        runners += [OrtGenaiPeer(genai_model(source, p, cache), threads=args.threads, precision=p)
+        runners += [IsolatedPeer(OrtGenaiPeer, genai_model(source, p, cache), threads=args.threads, precision=p)
                     for p in precisions]
     if "executorch" in wanted:
-        from .executorch_runner import ET_PRECISIONS, ExecutorchRunnerPeer, et_runner_model
+        from .executorch_runner import ET_PRECISIONS, et_runner_model
 
         source = target_folder(engine)
-        decode = functools.partial(engine.tokenizer.decode, skip_special=False)
-        runners += [ExecutorchRunnerPeer(et_runner_model(source, p, cache), source / "tokenizer.json",
-                                         decode, threads=args.threads, precision=p)
+        runners += [IsolatedPeer(_executorch_peer, et_runner_model(source, p, cache), source, args.threads, p)
                     for p in args.et_precision or ET_PRECISIONS[:1]]
     return runners
+
+
+def _executorch_peer(model: Path, source: Path, threads: int | None, precision: str):
+    """ExecutorchRunnerPeer with the checkpoint's own tokenizer (built in the peer's process: a plain function)."""
+    from edge_spec.loading.tokenizer import Tokenizer
+
+    from .executorch_runner import ExecutorchRunnerPeer
+
+    decode = functools.partial(Tokenizer(source).decode, skip_special=False)
+    return ExecutorchRunnerPeer(model, source / "tokenizer.json", decode, threads=threads, precision=precision)
 
 
 def target_folder(engine) -> Path:

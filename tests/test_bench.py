@@ -192,6 +192,7 @@ def test_onnxruntime_genai_peer_decodes_the_same_model(bundles, tiny_llama, tmp_
     assert "| onnxruntime-genai |" in capsys.readouterr().out
     (genai,) = [r for r in json.loads(out.read_text()) if "peer" in r]
     assert genai["peer"] == "onnxruntime-genai" and genai["precision"] == "fp32" and genai["tokens"] == 2 * 5
+    assert genai["peak_rss_mb"] > 0  # its own process's (peers/isolated.py), not ours
     folder = next((tmp_path / "peers").rglob("genai_config.json")).parent  # the peer's own model folder, as du counts
     assert genai["model_bytes"] == sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) > 0
 
@@ -234,3 +235,42 @@ def test_bench_eager_runtime_from_a_checkpoint(tiny_llama, tmp_path):
                  "--spec-k", "2", "--max-new-tokens", "8", "--json", str(tmp_path / "r.json")]) == 0
     (row,) = json.loads((tmp_path / "r.json").read_text())
     assert row["runtime"] == "torch" and row["greedy_exact"] and row["time_split"]["spec"]["drafter"] > 0
+
+
+class _EchoPeer:
+    """A stand-in peer for peers/isolated.py (module level: the child process imports it by name)."""
+
+    def __init__(self, fail_on_build: bool = False):
+        if fail_on_build:
+            raise ValueError("cannot build this peer")
+        self.runs = []
+
+    def warm_up(self, ids):
+        pass
+
+    def run(self, ids, max_new_tokens):
+        if max_new_tokens < 0:
+            raise ConfigError("max_new_tokens < 0", "pass more")
+        self.runs.append(list(ids))
+
+    def result(self):
+        return {"peer": "echo", "runs": self.runs, "pid": __import__("os").getpid()}
+
+
+def test_an_isolated_peer_runs_in_its_own_process_and_its_errors_come_back():
+    import os
+
+    from edge_spec.peers.isolated import IsolatedPeer
+
+    peer = IsolatedPeer(_EchoPeer)
+    peer.warm_up([1])
+    peer.run([1, 2], 4)
+    result = peer.result()
+    assert result["runs"] == [[1, 2]] and result["pid"] != os.getpid() and result["peak_rss_mb"] > 0
+    with pytest.raises(ConfigError, match="max_new_tokens < 0"):
+        peer.run([1], -1)
+    peer.run([3], 1)  # still serving after an error
+    assert peer.result()["runs"] == [[1, 2], [3]]
+    peer.close()
+    with pytest.raises(ValueError, match="cannot build this peer"):
+        IsolatedPeer(_EchoPeer, fail_on_build=True)

@@ -246,15 +246,16 @@ def markdown(rows: list[dict], peers: list[dict], meta: dict) -> str:
                      f"{sp['drafter']:.0%} / {sp['target']:.0%} / {sp['overhead']:.0%} | "
                      f"{r['python_overhead_plain']:.0%} | {_steps(r)} | {r['first_token_ms']['spec']:.0f} | {exact} |")
     if meta.get("bundle_bytes"):
-        lines += ["", f"Bundle on disk: {meta['bundle_bytes'] / 1e6:.1f} MB; peak resident memory of this process "
-                      f"{max(r['peak_rss_mb'] for r in rows):.0f} MB (peers decoded in it too when listed)."]
+        lines += ["", f"Bundle on disk: {meta['bundle_bytes'] / 1e6:.1f} MB; peak resident memory of our runtime's "
+                      f"process {max(r['peak_rss_mb'] for r in rows):.0f} MB (each peer runs in a process of its own)."]
     if peers:
-        lines += ["", "| peer | model | precision | plain tok/s | first token ms | model MB on disk |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| peer | model | precision | plain tok/s | first token ms | model MB on disk | peak RSS MB |",
+                  "|---|---|---|---|---|---|---|"]
         for p in peers:
             size = f"{p['model_bytes'] / 1e6:.1f}" if p.get("model_bytes") else "-"
+            rss = f"{p['peak_rss_mb']:.0f}" if p.get("peak_rss_mb") else "-"
             lines.append(f"| {p['peer']} | {p['model']} | {p['precision']} | {p['tok_s']:.1f} | "
-                         f"{p['first_token_ms']:.0f} | {size} |")
+                         f"{p['first_token_ms']:.0f} | {size} | {rss} |")
     return "\n".join(lines) + "\n"
 
 
