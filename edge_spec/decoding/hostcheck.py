@@ -93,7 +93,7 @@ class HostCheck:
                     f"order; a decode step costs {self.two_row_step_ms:.1f} ms instead of {self.one_row_step_ms:.1f})")
         return ("exactness: NOT batch-invariant on this host (verify rows differ from decode steps by up to "
                 f"{min(self.one_row_max_diff, self.two_row_max_diff):.2g}): speculative decoding is off, plain decoding "
-                "runs instead (edge-spec check --bundle B for details)")
+                "runs instead (edge-spec check, with the same --bundle or --model / --drafter, for details)")
 
     def report(self) -> str:
         """The multi-line report of `edge-spec check`."""
