@@ -78,6 +78,17 @@ def read_config(folder: Path) -> ModelConfig:
     return from_hf_dict(raw, source=str(path))
 
 
+def check_tensor(file: Path, key: str, tensor: torch.Tensor, expected: dict, what: str) -> None:
+    """A checkpoint tensor named and shaped as the module built from config.json expects (`what`: the kind of
+    checkpoint, for the message), or a CheckpointError naming the file and the tensor."""
+    if key not in expected:
+        raise CheckpointError(f"{file}: unexpected tensor {key!r} in {what}",
+                              "check that config.json belongs to these weights")
+    if tuple(tensor.shape) != tuple(expected[key].shape):
+        raise CheckpointError(f"{file}: tensor {key!r} has shape {tuple(tensor.shape)}, config.json implies "
+                              f"{tuple(expected[key].shape)}", "check that config.json belongs to these weights")
+
+
 def read_safetensors(folder: Path) -> dict[str, tuple[Path, torch.Tensor]]:
     """All tensors of the folder: key -> (file it came from, tensor)."""
     files = sorted(folder.glob("*.safetensors"))
@@ -186,12 +197,7 @@ def load_drafter(folder: str | Path) -> Drafter:
     for key, (file, tensor) in read_safetensors(folder).items():
         if key == "lm_head.weight":
             continue  # tied to model.embed_tokens.weight
-        if key not in expected:
-            raise CheckpointError(f"{file}: unexpected tensor {key!r} in a drafter checkpoint",
-                                  "check that config.json belongs to these weights")
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise CheckpointError(f"{file}: tensor {key!r} has shape {tuple(tensor.shape)}, config.json implies "
-                                  f"{tuple(expected[key].shape)}", "check that config.json belongs to these weights")
+        check_tensor(file, key, tensor, expected, "a drafter checkpoint")
         loaded[key] = tensor if key.endswith("token_ordering") else tensor.float()
     missing = [k for k in expected if k not in loaded and k != "lm_head.weight" and not k.endswith("layer_scalar")]
     if missing:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from edge_spec.errors import CheckpointError
-from edge_spec.loading.checkpoints import read_safetensors
+from edge_spec.loading.checkpoints import check_tensor, read_safetensors
 from edge_spec.model.config import FULL, from_hf_dict
 from edge_spec.model.eagle3 import Eagle3Config, Eagle3Drafter
 
@@ -157,12 +157,7 @@ def load_eagle3(folder: str | Path, target_embedding: torch.Tensor | None = None
                 raise CheckpointError(f"{file}: d2t is not the identity, yet draft_vocab_size == vocab_size",
                                       "set draft_vocab_size to the length of d2t")
             continue
-        if key not in expected:
-            raise CheckpointError(f"{file}: unexpected tensor {key!r} for this eagle3 config",
-                                  "check that config.json belongs to these weights (layer count, norm options)")
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise CheckpointError(f"{file}: tensor {key!r} has shape {tuple(tensor.shape)}, config.json implies "
-                                  f"{tuple(expected[key].shape)}", "check that config.json belongs to these weights")
+        check_tensor(file, key, tensor, expected, "this eagle3 config's drafter (its layer count, norm options)")
         loaded[key] = tensor if key in ("d2t", "t2d") else tensor.float()
     if "embed_tokens.weight" not in loaded and target_embedding is not None:
         if tuple(target_embedding.shape) != tuple(expected["embed_tokens.weight"].shape):
