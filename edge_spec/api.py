@@ -153,7 +153,7 @@ class Engine:
                  stream: Callable[[str], None] | None = None, speculative: bool | None = None,
                  spec_k: int | None = None, adaptive: bool = True,
                  min_confidence: float = DEFAULT_MIN_CONFIDENCE, allow_inexact: bool = False,
-                 lookup: bool = True, datastore: bool = True) -> GenerationResult:
+                 lookup: bool = True, datastore: bool = True, mtp: bool = True) -> GenerationResult:
         """Generate from a text prompt (or token ids). `stream` receives text deltas as they decode.
 
         Speculative decoding is on by default when the engine has a drafter (`speculative=False` turns
@@ -163,7 +163,9 @@ class Engine:
         per-prompt exactness). `lookup`: retrieval drafting first (edge_spec.decoding.lookup); then, with `datastore` and
         an engine that has one, the static datastore (edge_spec.decoding.datastore); the MTP drafter otherwise.
         `spec_k` (None: `default_spec_k`): drafts per pass, the most with `adaptive` (the default, as in the CLI and
-        the C API: k chosen per pass from measured costs; False drafts exactly `spec_k` every pass)."""
+        the C API: k chosen per pass from measured costs; False drafts exactly `spec_k` every pass). `mtp` False: the
+        drafter model never drafts, retrieval alone does (a pass without a retrieval draft is a plain step; for
+        measuring what each source gives, `eval-drafter --no-mtp`)."""
         params = SamplingParams(temperature, top_k, top_p)  # validates before any work
         check_seed(seed)
         if seed is not None and not params.greedy:
@@ -202,8 +204,11 @@ class Engine:
                                   f"use --spec-k {self.max_draft_len} or less, or re-export with --max-draft-len")
             if self.exactness is not None and not self.exactness.exact and not allow_inexact:
                 notice, speculative = self.exactness.summary(), False
+        if not mtp and not (lookup or (datastore and self.datastore is not None)):
+            raise ConfigError("mtp=False leaves no draft source: neither lookup nor a datastore is on",
+                              "turn lookup on (or datastore, with a bundle that has one), or keep the drafter (mtp)")
         if self.drafter is not None and speculative is not False:
-            result = generate_speculative(self.session, self.drafter, ids, max_new_tokens=max_new_tokens, params=params,
+            result = generate_speculative(self.session, self.drafter if mtp else None, ids, max_new_tokens=max_new_tokens, params=params,
                                           rng=rng, stop_ids=self.stop_ids, k=spec_k, vocab_size=self.vocab_size,
                                           adaptive=adaptive, min_confidence=min_confidence, on_token=on_token,
                                           lookup=lookup, datastore=self.datastore if datastore else None)

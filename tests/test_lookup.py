@@ -113,3 +113,22 @@ def _never_right():
             return DraftStep(np.array([3]), np.array([0.0], dtype=np.float32), hidden)
 
     return NeverRight()
+
+
+def test_retrieval_alone_is_lossless_and_never_calls_the_drafter(tiny_llama):
+    """drafter None (`eval-drafter --no-mtp`, Engine.generate(mtp=False)): prompt lookup alone drafts, a pass with no
+    retrieval draft is a plain step; greedy output == plain greedy, at fixed and adaptive k."""
+    target = checkpoints.load(str(tiny_llama[0]))
+    session = Session(TorchBackend(target.model, kv_layout(target.config, 128)))
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 4
+    params = SamplingParams()
+    plain = generate_plain(session, prompt, max_new_tokens=40, params=params, rng=np.random.default_rng(5),
+                           stop_ids=frozenset())
+    for adaptive in (False, True):
+        out = generate_speculative(session, None, prompt, max_new_tokens=40, params=params,
+                                   rng=np.random.default_rng(5), stop_ids=frozenset(), k=4, vocab_size=320,
+                                   lookup=True, adaptive=adaptive)
+        stats = out.extra["spec"]
+        assert out.tokens == plain.tokens, adaptive
+        assert stats.drafter_calls == 0 and stats.lookup_passes > 0 and stats.tau > 1.0
+        assert stats.target_calls > stats.lookup_passes  # the passes without a retrieval draft were plain steps

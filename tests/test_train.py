@@ -246,6 +246,13 @@ def test_eval_drafter_cli_writes_tau_and_acceptance(tiny_llama, tmp_path, capsys
     code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder), "--prompts", str(prompts),
                  "--temperature", "0.7", "--teacher-forced"])
     assert code == 2 and "--temperature 0" in capsys.readouterr().err
+    code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder), "--prompts", str(prompts),
+                 "--max-new-tokens", "8", "--spec-k", "2", "--no-mtp", "--lookup", "--json", str(out)])
+    [row] = json.loads(out.read_text())
+    assert code == 0 and row["mtp"] is False and row["lookup"] is True and row["tau"] >= 1.0
+    code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder), "--prompts", str(prompts),
+                 "--no-mtp"])
+    assert code == 2 and "no draft source" in capsys.readouterr().err
     (tmp_path / "bad.jsonl").write_text('{"text": "no prompt field"}\n')
     code = main(["eval-drafter", "--model", str(tiny_llama[0]), "--drafter", str(folder),
                  "--prompts", str(tmp_path / "bad.jsonl")])

@@ -199,7 +199,7 @@ def check_spec_args(k: int, min_confidence: float) -> None:
         raise ConfigError(f"min_confidence must be in [0, 1), got {min_confidence!r}", "use --min-confidence 0.3")
 
 
-def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: list[int], *, max_new_tokens: int,
+def generate_speculative(session: Session, drafter: DrafterBackend | None, prompt_ids: list[int], *, max_new_tokens: int,
                          params: SamplingParams, rng: np.random.Generator, stop_ids: frozenset[int], k: int,
                          vocab_size: int, adaptive: bool = False, min_confidence: float = 0.0,
                          on_token: Callable[[int], None] | None = None, verifier=verify,
@@ -208,7 +208,8 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
     output; or any object with its `extend` / `propose`): when the text's recent n-gram occurred before, its
     continuation is the burst (one-hot drafts, no drafter call). `datastore` (edge_spec.decoding.datastore; or any
     object with its `propose(context, k)` and `max_n`): next, the continuation of the text's recent n-gram in the
-    target's earlier answers (one-hot drafts too). Otherwise the MTP drafter drafts."""
+    target's earlier answers (one-hot drafts too). Otherwise the MTP drafter drafts; `drafter` None: retrieval only
+    (a pass where neither source proposes anything is a plain step)."""
     check_spec_args(k, min_confidence)
     check_request(prompt_ids, max_new_tokens, session.max_context)
     stats = SpecStats(k)
@@ -243,7 +244,7 @@ def generate_speculative(session: Session, drafter: DrafterBackend, prompt_ids: 
             for d in drafts:
                 draft_probs.append(np.array([d]), np.array([1.0]))
         else:
-            k_now = min(model.choose() if model else k, left)
+            k_now = 0 if drafter is None else min(model.choose() if model else k, left)
             drafts, draft_probs = _draft(drafter, session, token, hidden, k_now, params, rng, stop_ids, vocab_size,
                                          min_confidence if adaptive else 0.0, fast_greedy)
         stats.k_chosen.append(k_now)

@@ -81,6 +81,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--datastore", action="store_true",
                     help="the static datastore drafts (after --lookup's retrieval) before the drafter, where the model "
                          "or bundle has one (edge_spec.decoding.datastore)")
+    ev.add_argument("--no-mtp", dest="mtp", action="store_false",
+                    help="the drafter model never drafts: --lookup and / or --datastore alone (a pass with no retrieval "
+                         "draft is a plain step), to measure what each draft source gives")
     ev.add_argument("--fixed-k", dest="adaptive", action="store_false",
                     help="draft exactly --spec-k tokens every pass (default: adaptive k, as generate)")
     ev.add_argument("--teacher-forced", action="store_true",
@@ -144,12 +147,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.datastore and engine.datastore is None:
         raise ConfigError("--datastore: this model or bundle has no static datastore",
                           "export the bundle from a checkout that has data/regenerated/<target>, or drop --datastore")
+    if not args.mtp and not (args.lookup or args.datastore):
+        raise ConfigError("--no-mtp leaves no draft source", "add --lookup and / or --datastore")
+    if not args.mtp and args.teacher_forced:
+        raise ConfigError("--teacher-forced scores the drafter model, which --no-mtp turns off", "drop one of them")
     results = []
     for temperature in args.temperature:
         for k in args.spec_k:
             r = evaluate(engine, prompts, k=k, temperature=temperature, max_new_tokens=args.max_new_tokens,
                          teacher_forced=args.teacher_forced, lookup=args.lookup, datastore=args.datastore,
-                         adaptive=args.adaptive)
+                         adaptive=args.adaptive, mtp=args.mtp)
             r.update(runtime=engine.runtime, precision=engine.manifest.precision if engine.manifest else "fp32",
                      drafter=engine.manifest.drafter.name if engine.manifest else args.drafter)
             results.append(r)

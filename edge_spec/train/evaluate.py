@@ -38,7 +38,7 @@ def read_prompts(path: Path) -> list[dict]:
 
 def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, max_new_tokens: int = 128,
              seed: int = 0, progress: bool = True, teacher_forced: bool = False, lookup: bool = False,
-             datastore: bool = False, adaptive: bool = True) -> dict:
+             datastore: bool = False, adaptive: bool = True, mtp: bool = True) -> dict:
     """Aggregate speculative stats over prompts, overall and per kind.
 
     `acceptance_by_position[j-1]` = the fraction of bursts whose first j drafts were all accepted (cumulative:
@@ -46,7 +46,7 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
     position of the generated text fed the true tokens (`teacher_forced_predictions`): `teacher_forced_by_position`
     has the same cumulative definition, over all positions instead of the ones a live run drafts at.
     `lookup` / `datastore`: prompt lookup / the engine's static datastore draft first (default: the drafter alone);
-    `adaptive` False drafts exactly k every pass."""
+    `adaptive` False drafts exactly k every pass; `mtp` False: retrieval alone drafts (the ablation of the sources)."""
     from tqdm.auto import tqdm
 
     if teacher_forced:
@@ -67,7 +67,7 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
         prompt_ids = engine.encode(row["prompt"], chat=row["chat"])
         result = engine.generate(prompt_ids, max_new_tokens=max_new_tokens,
                                  temperature=temperature, seed=seed + i, spec_k=k, speculative=True, lookup=lookup,
-                                 datastore=datastore, adaptive=adaptive,
+                                 datastore=datastore, adaptive=adaptive, mtp=mtp,
                                  allow_inexact=True)  # acceptance is measured, the output is not used
         stats = result.extra["spec"]
         agree = count = np.zeros(k)
@@ -94,7 +94,7 @@ def evaluate(engine, prompts: list[dict], *, k: int, temperature: float = 0.0, m
             g["drafter_s"] += stats.drafter_s
             g["target_s"] += stats.target_s
     out = {"k": k, "temperature": temperature, "max_new_tokens": max_new_tokens, "lookup": lookup,
-           "datastore": datastore, "adaptive": adaptive, "by_kind": {}}
+           "datastore": datastore, "adaptive": adaptive, "mtp": mtp, "by_kind": {}}
     for name, g in groups.items():
         entry = {"prompts": g["prompts"], "tau": g["emitted"] / max(g["passes"], 1),
                  "acceptance_by_position": [float(a / d) if d else None for a, d in zip(g["accepted"], g["drafted"])],
