@@ -6,6 +6,7 @@ symbolic length per attention kind (`S_full`, `S_sliding`), graphs return only t
 
 Choices (see docs/architecture.md, "ONNX Runtime path"):
   * one target graph for every T (prefill chunks, verify, T=1 decode): the weights dominate a decode step;
+    its `logit_rows` input picks the rows that get the final norm and the head (a prefill chunk: its last only);
   * symbolic cache length, so the runtime binds only the slot prefix in use (no attention over 2048 empty
     slots); caches keep the contract's head-major [1, H_kv, S, D] layout;
   * full attention is batch-invariant (edge_spec.model.attention.attend_slots): every key's score and every value sits
@@ -79,15 +80,16 @@ OPSET = 18
 
 # ---- flat-tensor wrappers (the exported signatures) ----------------------------------------------------
 class TargetGraph(nn.Module):
-    """(input_ids, position_ids, masks per kind, k/v caches per cached layer) -> (logits, hidden, k/v new rows)."""
+    """(input_ids, position_ids, masks per kind, k/v caches per cached layer, logit rows [R]) -> (logits [1, R, V],
+    hidden [1, R, H], k/v new rows)."""
 
     def __init__(self, model: Transformer, kinds: tuple[str, ...], form: Form, ops: Ops):
         super().__init__()
         self.model, self.kinds, self.form, self.ops = model, kinds, form, ops
 
-    def forward(self, input_ids, position_ids, masks: tuple, caches: tuple):
+    def forward(self, input_ids, position_ids, masks: tuple, caches: tuple, logit_rows=None):
         out = self.model(input_ids, position_ids, dict(zip(self.kinds, masks)), list(caches[0::2]),
-                         list(caches[1::2]), form=self.form, ops=self.ops)
+                         list(caches[1::2]), form=self.form, ops=self.ops, rows=logit_rows)
         rows = [r for k, v in zip(out.new_k, out.new_v) for r in (k, v)]
         return (out.logits, out.hidden, *rows)
 
@@ -205,7 +207,7 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
     if attention not in ATTENTION_FORMS:
         raise ConfigError(f"unknown attention form {attention!r}", f"choose one of {', '.join(ATTENTION_FORMS)}")
     cfg = model.cfg
-    io = kv.target_io(layout, cfg.vocab_size, cfg.hidden_size)
+    io = kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, logit_rows=True)
     kinds = layout.kinds()
     t, lengths = 3, _example_lengths(layout)
     ids = torch.randint(0, cfg.vocab_size, (1, t))
@@ -213,17 +215,20 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
     pos = torch.arange(start, start + t)[None]
     masks = tuple(torch.zeros(1, 1, t, lengths[kind] + t) for kind in kinds)
     caches = tuple(torch.randn(1, c.num_kv_heads, lengths[c.kind], c.head_dim) for c in layout.caches for _ in "kv")
+    rows = torch.tensor([0, t - 1])  # [R]: R != T, so that neither dim is specialised to the other
     t_dim = torch.export.Dim(kv.T_DIM, min=1, max=layout.max_context)
+    r_dim = torch.export.Dim(kv.R_DIM, min=1, max=layout.max_context)
     s_dims = {kind: torch.export.Dim(kv.slots_dim(kind), min=1, max=layout.slots(kind)) for kind in kinds}
     dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: torch.export.Dim.AUTO} for _ in kinds),
-               tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"))
+               tuple({2: s_dims[c.kind]} for c in layout.caches for _ in "kv"), {0: r_dim})
     ring = layout.slots(kv.SLIDING) if kv.SLIDING in kinds and layout.max_pass is not None else None  # uncapped: split
     form = Slots(ring) if attention == "slots" else SPLIT  # batch-invariant attention (edge_spec.model.forms)
     shared = layout.binding == kv.BINDING_SHARED
     if shared:
         _check_shared(model, layout, exporter)
     ops = FusedOps(model, layout.max_context, gqa=shared) if exporter == "dynamo" else EAGER  # TorchScript cannot
-    proto = _torch_export(TargetGraph(model, kinds, form, ops).eval(), (ids, pos, masks, caches), dynamic, io, exporter)
+    proto = _torch_export(TargetGraph(model, kinds, form, ops).eval(), (ids, pos, masks, caches, rows), dynamic, io,
+                          exporter)
     _blank_unused_outputs(proto)
     return proto
 
@@ -321,7 +326,8 @@ def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dic
         tables[kv.OUTPUT_TABLE] = _table_entry(tmp, kv.OUTPUT_TABLE, target.model.lm_head.weight.detach().float().numpy())
     save_graph(proto, tmp / TARGET_FILE, {name: Path(TABLE_FILES[name]).name for name in arrays})
     del proto
-    graphs = {"target": GraphEntry(TARGET_FILE, precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size))}
+    graphs = {"target": GraphEntry(TARGET_FILE, precision,
+                                   kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, logit_rows=True))}
     if drafter is not None:
         step("exporting the drafter graph")
         dproto = export_drafter(drafter, target.model, layout, job.sources, exporter=exporter)

@@ -151,6 +151,8 @@ class _Buffers:
                       for kind in layout.kinds()}
         self.logits = np.zeros(t_cap * vocab, dtype=np.float32)
         self.hidden = np.zeros(t_cap * hidden, dtype=np.float32)
+        self.rows = np.arange(t_cap, dtype=np.int64)  # LOGIT_ROWS of a pass that wants every row
+        self.last_row = np.zeros(1, dtype=np.int64)  # LOGIT_ROWS of a prefill chunk: [T - 1]
         # the new K/V rows of a pass (`io` binding; a `shared` graph writes them into the bound caches)
         self.new = NewRows(layout, t_cap) if layout.binding == kv.BINDING_IO else None
 
@@ -175,10 +177,12 @@ class OrtBackend:
         self.specs: list[CacheSpec] = list(layout.caches)
         self.caches = IoCaches(layout, BUCKET, kv.SHARED_SPARE_SLOTS if layout.binding == kv.BINDING_SHARED else 0)
         self.buffers = _Buffers(1, layout, vocab_size, hidden_size)
-        # one IOBinding per pass length T, all pointing into the current buffers and cache views (`_views`): a
-        # binding is ~4 pointers per cached layer, and rebinding on every change of T (plain step <-> verify pass)
-        # cost ~1.5 ms a time in SmolLM2 (4% of an adaptive run that alternates T = 1 and 2)
-        self._bindings: dict[int, object] = {}
+        # graphs exported since 2026-12-05 take kv.LOGIT_ROWS: a prefill chunk runs the head on its last row only
+        self.logit_rows = kv.LOGIT_ROWS in {i.name for i in session.get_inputs()}
+        # one IOBinding per pass length T (and last-row-only or not), all pointing into the current buffers and cache
+        # views (`_views`): a binding is ~4 pointers per cached layer, and rebinding on every change of T (plain step
+        # <-> verify pass) cost ~1.5 ms a time in SmolLM2 (4% of an adaptive run that alternates T = 1 and 2)
+        self._bindings: dict[tuple[int, bool], object] = {}
         self._views = None  # (T capacity, buckets, cache generation) the bindings point into
         self._pending = 0  # T of the last forward (its new rows sit in buffers.new)
         self.kernel_s = 0.0  # seconds spent inside onnxruntime (the rest of a step is Python)
@@ -227,31 +231,37 @@ class OrtBackend:
         if views != self._views:  # buffers or cache views moved: every binding points at old memory
             self._bindings.clear()
             self._views = views
-        binding = self._bindings.get(t)
+        last = last_only and t > 1 and self.logit_rows  # the graph runs the head on the last row only
+        buf.last_row[0] = t - 1
+        binding = self._bindings.get((t, last))
         if binding is None:
-            binding = self._bindings[t] = self.session.io_binding()
-            self._bind_pass(binding, t, mask_views)
+            binding = self._bindings[(t, last)] = self.session.io_binding()
+            self._bind_pass(binding, t, mask_views, last)
         start = time.perf_counter()
         self.session.run_with_iobinding(binding)
         self.kernel_s += time.perf_counter() - start
         self._pending = t
-        rows = slice(t - 1, t) if last_only else slice(0, t)
-        logits = buf.logits[:t * self.vocab].reshape(t, self.vocab)[rows].copy()
-        hidden = buf.hidden[:t * self.hidden_size].reshape(t, self.hidden_size)[rows].copy()
+        r = 1 if last else t  # rows the graph returned
+        rows = slice(r - 1, r) if last_only else slice(0, r)
+        logits = buf.logits[:r * self.vocab].reshape(r, self.vocab)[rows].copy()
+        hidden = buf.hidden[:r * self.hidden_size].reshape(r, self.hidden_size)[rows].copy()
         return StepOutput(logits, hidden)
 
-    def _bind_pass(self, bind, t: int, mask_views: dict[str, np.ndarray]) -> None:
+    def _bind_pass(self, bind, t: int, mask_views: dict[str, np.ndarray], last: bool) -> None:
         buf = self.buffers
+        r = 1 if last else t
         _bind(bind, kv.INPUT_IDS, buf.ids[:t].reshape(1, t))
         _bind(bind, kv.POSITION_IDS, buf.pos[:t].reshape(1, t))
+        if self.logit_rows:
+            _bind(bind, kv.LOGIT_ROWS, buf.last_row if last else buf.rows[:t])
         for kind, view in mask_views.items():
             _bind(bind, kv.mask_name(kind), view)
         for i, spec in enumerate(self.specs):
             k, v = self.cache_views(i)
             _bind(bind, kv.k_cache_name(spec.layer), k)
             _bind(bind, kv.v_cache_name(spec.layer), v)
-        _bind(bind, kv.LOGITS, buf.logits[:t * self.vocab].reshape(1, t, self.vocab), output=True)
-        _bind(bind, kv.HIDDEN, buf.hidden[:t * self.hidden_size].reshape(1, t, self.hidden_size), output=True)
+        _bind(bind, kv.LOGITS, buf.logits[:r * self.vocab].reshape(1, r, self.vocab), output=True)
+        _bind(bind, kv.HIDDEN, buf.hidden[:r * self.hidden_size].reshape(1, r, self.hidden_size), output=True)
         for i, spec in enumerate(self.specs):
             if buf.new is None:  # `shared`: the caches out are the caches in (the graph writes its rows in place)
                 k, v = self.cache_views(i)

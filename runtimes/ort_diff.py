@@ -114,6 +114,7 @@ def _feeds(layout: KVLayout, io: kv.GraphIO, tokens: np.ndarray, start: int, cac
     state.advance(start, state.plan_commit(start))
     t = len(tokens)
     feeds = {kv.INPUT_IDS: tokens[None].astype(np.int64), kv.POSITION_IDS: state.position_ids(t)}
+    feeds[kv.LOGIT_ROWS] = np.arange(t, dtype=np.int64)  # every row (graphs with kv.LOGIT_ROWS)
     for kind, mask in state.masks(t).items():
         feeds[kv.mask_name(kind)] = mask.astype(np.float32)  # the whole cache is bound: [1, 1, T, S + T]
     feeds.update(caches)

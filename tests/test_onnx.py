@@ -64,6 +64,48 @@ def test_rewind_across_a_ring_eviction_still_raises(gemma):
         session.rewind(5)
 
 
+# ---- a prefill chunk runs the head on its last row only (kv.LOGIT_ROWS) -------------------------------------------
+@pytest.mark.parametrize("model", ["llama", "gemma"])
+def test_a_prefill_chunk_asks_the_graph_for_its_last_row_only(model, request):
+    backend, _, _ = ort_parts(request.getfixturevalue(model)[0])
+    assert backend.logit_rows, "bundles exported since 2026-12-05 take logit_rows"
+    returned = []  # the logits shape each run wrote
+    run = backend.session.run_with_iobinding
+
+    def spy(binding):
+        run(binding)
+        returned.append(tuple(binding.get_outputs()[0].shape()))
+
+    backend.session.run_with_iobinding = spy
+    session = Session(backend)
+    tokens = prompt_ids(7)
+    every = session.forward(tokens)  # a verify pass: every row
+    last = session.forward(tokens, last_only=True)  # a prefill chunk's pass
+    vocab = every.logits.shape[-1]
+    assert returned == [(1, 7, vocab), (1, 1, vocab)]
+    np.testing.assert_allclose(last.logits[0], every.logits[-1], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(last.hidden[0], every.hidden[-1], rtol=0, atol=1e-5)
+    out = session.prefill(tokens)  # what prefill returns is that row
+    np.testing.assert_array_equal(out.logits, last.logits)
+
+
+def test_a_target_graph_without_logit_rows_still_reads(llama, tmp_path):
+    """Bundles exported before LOGIT_ROWS: the manifest check takes their IO as it was (every row)."""
+    folder = tmp_path / "old"
+    shutil.copytree(llama[0], folder)
+    data = json.loads((folder / MANIFEST).read_text())
+    target = data["graphs"]["target"]
+    target["inputs"] = [spec for spec in target["inputs"] if spec["name"] != kv.LOGIT_ROWS]
+    for spec in target["outputs"][:2]:
+        spec["shape"] = [kv.T_DIM if d == kv.R_DIM else d for d in spec["shape"]]
+    (folder / MANIFEST).write_text(json.dumps(data))
+    read_manifest(folder)  # the old IO passes the check
+    target["outputs"][0]["shape"][1] = kv.R_DIM  # but not a mix of the two
+    (folder / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="target graph output 0"):
+        read_manifest(folder)
+
+
 # ---- speculative through ORT == plain through ORT (every format's: tests/test_contract.py) ----------------------
 def every_third_wrong(position):
     return position % 3 == 0

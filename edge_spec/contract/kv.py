@@ -41,6 +41,10 @@ INPUT_IDS = "input_ids"  # [1, T] int64
 POSITION_IDS = "position_ids"  # [1, T] int64
 LOGITS = "logits"  # [1, T, V] float32
 HIDDEN = "hidden"  # [1, T, H] float32 (final hidden state, after the final norm)
+# optional target input (ONNX bundles since 2026-12-05): the rows of the pass whose logits and hidden the graph returns,
+# [R] int64 (R <= T; outputs [1, R, V] / [1, R, H]). A prefill chunk asks for its last row only: the vocabulary head
+# over every row of a 64-token chunk was most of a long prompt's prefill (gemma-3-270m: a 262,144 x 640 head)
+LOGIT_ROWS = "logit_rows"
 
 
 def mask_name(kind: str) -> str:  # [1, 1, T, S_kind + T] float32 additive
@@ -93,6 +97,7 @@ DRAFT_HIDDEN = "draft_hidden"  # [1, 1, Ht] float32, the `hidden` input of the n
 
 # symbolic dims (exported graphs, manifest)
 T_DIM = "T"  # new tokens in one forward
+R_DIM = "R"  # rows with logits (LOGIT_ROWS)
 
 
 def slots_dim(kind: str) -> str:
@@ -234,21 +239,30 @@ def _cache_specs(caches, names) -> list[TensorSpec]:
             for c in caches for name in names]
 
 
-def target_io(layout: KVLayout, vocab_size: int, hidden_size: int) -> GraphIO:
+def target_io(layout: KVLayout, vocab_size: int, hidden_size: int, logit_rows: bool = False) -> GraphIO:
     """Target prefill/verify/decode graph: T new tokens -> logits, hidden. `io` binding: the caches are inputs and
-    the new rows outputs; `state`: the program keeps the caches (its masks' S_kind = the slots it attends over)."""
+    the new rows outputs; `state`: the program keeps the caches (its masks' S_kind = the slots it attends over).
+    `logit_rows`: the graph takes LOGIT_ROWS last and returns logits / hidden of those R rows only."""
     t = T_DIM
+    r = R_DIM if logit_rows else T_DIM
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, t)), TensorSpec(POSITION_IDS, "int64", (1, t))]
     inputs += [TensorSpec(mask_name(kind), "float32", (1, 1, t, mask_cols_dim(kind))) for kind in layout.kinds()]
-    outputs = [TensorSpec(LOGITS, "float32", (1, t, vocab_size)), TensorSpec(HIDDEN, "float32", (1, t, hidden_size))]
+    outputs = [TensorSpec(LOGITS, "float32", (1, r, vocab_size)), TensorSpec(HIDDEN, "float32", (1, r, hidden_size))]
     if layout.binding in CACHE_INPUTS:
         inputs += _cache_specs(layout.caches, (k_cache_name, v_cache_name))
+    if logit_rows:
+        inputs.append(TensorSpec(LOGIT_ROWS, "int64", (R_DIM,)))
     if layout.binding == BINDING_IO:
         outputs += [TensorSpec(name(c.layer), "float32", (1, c.num_kv_heads, t, c.head_dim))
                     for c in layout.caches for name in (k_new_name, v_new_name)]
     elif layout.binding == BINDING_SHARED:  # the caches again, bound to the input buffers (written in place)
         outputs += _cache_specs(layout.caches, (k_present_name, v_present_name))
     return GraphIO(tuple(inputs), tuple(outputs))
+
+
+def has_logit_rows(io: GraphIO) -> bool:
+    """Does a target graph take LOGIT_ROWS (and return only those rows)?"""
+    return any(spec.name == LOGIT_ROWS for spec in io.inputs)
 
 
 def table_specs(vocab_size: int, hidden: int, bits: int = 0) -> list[TensorSpec]:

@@ -24,7 +24,8 @@ from edge_spec.errors import BundleError
 from edge_spec.contract.formats import FORMATS
 from edge_spec.contract.manifest_check import check_fields, check_tables
 from edge_spec.contract.datastore_check import DATASTORE_KEY, check_datastore
-from edge_spec.contract.kv import OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, ring_slots, table_bits, target_io
+from edge_spec.contract.kv import (OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, has_logit_rows, ring_slots,
+                                  table_bits, target_io)
 
 SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
 READABLE_VERSIONS = (1, 2)  # 1: no cap per forward; its sliding layers use the split attention form
@@ -254,7 +255,9 @@ def _verify_contract(m: Manifest, path: Path) -> None:
             if c.window and c.slots < ring_slots(c.window, m.layout.max_context, m.layout.max_pass, m.binding):
                 raise BundleError(f"{path}: layer {c.layer}'s ring has {c.slots} slots, too few for window {c.window} "
                                   f"and passes of {m.layout.max_pass} tokens", _REEXPORT)
-    _same_io(f"{path}: target graph", m.graphs["target"].io, target_io(m.layout, m.vocab_size, m.hidden_size))
+    target = m.graphs["target"].io  # with or without LOGIT_ROWS (ONNX bundles before 2026-12-05: without)
+    _same_io(f"{path}: target graph", target,
+             target_io(m.layout, m.vocab_size, m.hidden_size, has_logit_rows(target)))
     if m.drafter is None:
         if "drafter" in m.graphs:
             raise BundleError(f"{path}: a drafter graph is listed without a drafter entry", _REEXPORT)

@@ -258,11 +258,12 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict, k_caches: list, v_caches: list,
                 last_only: bool = False, with_logits: bool = True, form: Form = SPLIT, ops: Ops = EAGER,
-                aux_layers: tuple[int, ...] = ()) -> ModelOutput:
+                aux_layers: tuple[int, ...] = (), rows: torch.Tensor | None = None) -> ModelOutput:
         """input_ids, position_ids: [1, T]; masks: kind -> [1, 1, T, S_kind + T] (or the form's `Mask`);
         k_caches[i], v_caches[i]: [1, H_kv, S, D] for cached layer i (cfg.cached_layers() order; empty lists when
         the form owns the caches: `forms.State`). form: how layers attend (edge_spec.model.forms); ops: how rotary,
-        projections and residual norms are computed (edge_spec.model.ops); aux_layers: ModelOutput.aux."""
+        projections and residual norms are computed (edge_spec.model.ops); aux_layers: ModelOutput.aux; rows: [R]
+        int64, the rows that get the final norm and the head (logits / hidden [1, R, ...]; kv.LOGIT_ROWS)."""
         x = self.embed(input_ids)  # [1, T, H]
         ple = self.per_layer_inputs(input_ids, x) if self.cfg.per_layer_input_size else None
         rope = {kind: ops.rope(self, kind, position_ids) for kind in self.cfg.rope}
@@ -291,6 +292,8 @@ class Transformer(nn.Module):
             aux = torch.cat([states[i] for i in aux_layers], dim=-1)  # [1, T, n * H]
         if last_only:
             x, delta = x[:, -1:], delta[:, -1:] if delta is not None else None
+        elif rows is not None:  # [1, T, H] -> [1, R, H]
+            x, delta = x.index_select(1, rows), delta.index_select(1, rows) if delta is not None else None
         hidden, _ = ops.skip_norm(x, delta, self.model.norm)
         if not with_logits:  # teacher passes that only need hidden states / K/V
             return ModelOutput(hidden[..., :0], hidden, new_k, new_v, aux)

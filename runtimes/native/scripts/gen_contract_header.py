@@ -22,10 +22,10 @@ from edge_spec.contract import formats, kv  # noqa: E402
 # kv.py's constants, in the order the header lists them: (C++ name, kv attribute)
 CONSTANTS = [
     ("INPUT_IDS", "INPUT_IDS"), ("POSITION_IDS", "POSITION_IDS"), ("LOGITS", "LOGITS"), ("HIDDEN", "HIDDEN"),
-    ("EMBED_TABLE", "EMBED_TABLE"), ("OUTPUT_TABLE", "OUTPUT_TABLE"), ("EMBED_Q8", "EMBED_Q8"),
+    ("LOGIT_ROWS", "LOGIT_ROWS"), ("EMBED_TABLE", "EMBED_TABLE"), ("OUTPUT_TABLE", "OUTPUT_TABLE"), ("EMBED_Q8", "EMBED_Q8"),
     ("EMBED_SCALES", "EMBED_SCALES"), ("EMBED_Q4", "EMBED_Q4"), ("EMBED_ZERO_POINTS", "EMBED_ZERO_POINTS"),
     ("DRAFT_TOKEN_IDS", "DRAFT_TOKEN_IDS"), ("DRAFT_LOGITS", "DRAFT_LOGITS"),
-    ("DRAFT_HIDDEN", "DRAFT_HIDDEN"), ("T_DIM", "T_DIM"),
+    ("DRAFT_HIDDEN", "DRAFT_HIDDEN"), ("T_DIM", "T_DIM"), ("R_DIM", "R_DIM"),
     ("BINDING_IO", "BINDING_IO"), ("BINDING_STATE", "BINDING_STATE"), ("BINDING_SHARED", "BINDING_SHARED"),
 ]
 # kv.py's integer constants the runner uses

@@ -194,7 +194,8 @@ void verify_contract(const Manifest& m, const std::string& path) {
                                std::to_string(m.layout.max_pass) + " tokens",
                            REEXPORT);
   }
-  same_io(path + ": target graph", m.graphs.at("target").io, target_io(m.layout, m.vocab_size, m.hidden_size));
+  const GraphIO& target = m.graphs.at("target").io;  // with or without LOGIT_ROWS (ONNX bundles before 2026-12-05)
+  same_io(path + ": target graph", target, target_io(m.layout, m.vocab_size, m.hidden_size, has_logit_rows(target)));
   if (!m.drafter) {
     if (m.graphs.count("drafter"))
       throw bundle_error(path + ": a drafter graph is listed without a drafter entry", REEXPORT);
@@ -256,14 +257,21 @@ std::string join_path(const std::string& a, const std::string& b) {
   return a + "/" + b;
 }
 
-GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size) {
+bool has_logit_rows(const GraphIO& io) {  // kv.has_logit_rows
+  for (const auto& s : io.inputs)
+    if (s.name == contract::LOGIT_ROWS) return true;
+  return false;
+}
+
+GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size, bool logit_rows) {
   using namespace contract;
   GraphIO io;
+  const std::string r = logit_rows ? R_DIM : T_DIM;  // rows with logits
   io.inputs = {spec(INPUT_IDS, "int64", {"1", T_DIM}), spec(POSITION_IDS, "int64", {"1", T_DIM})};
   for (const auto& kind : layout.kinds())
     io.inputs.push_back(spec(mask_name(kind), "float32", {"1", "1", T_DIM, mask_cols_dim(kind)}));
-  io.outputs = {spec(LOGITS, "float32", {"1", T_DIM, std::to_string(vocab_size)}),
-                spec(HIDDEN, "float32", {"1", T_DIM, std::to_string(hidden_size)})};
+  io.outputs = {spec(LOGITS, "float32", {"1", r, std::to_string(vocab_size)}),
+                spec(HIDDEN, "float32", {"1", r, std::to_string(hidden_size)})};
   if (layout.binding == BINDING_IO || layout.binding == BINDING_SHARED) {
     for (const auto& c : layout.caches)
       for (const std::string& n : {k_cache_name(c.layer), v_cache_name(c.layer)})
@@ -277,6 +285,7 @@ GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size) {
                                   {"1", std::to_string(c.num_kv_heads), shared ? slots_dim(c.kind) : std::string(T_DIM),
                                    std::to_string(c.head_dim)}));
   }
+  if (logit_rows) io.inputs.push_back(spec(LOGIT_ROWS, "int64", {R_DIM}));
   return io;
 }
 

@@ -75,7 +75,8 @@ constexpr const char* MANIFEST_FILE = "manifest.json";
 Manifest read_manifest(const std::string& folder, bool verify_checksums = true);
 
 // The KV contract's IO tables (edge_spec/contract/kv.py target_io / drafter_io), for the check and for the backends.
-GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size);
+GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size, bool logit_rows = false);
+bool has_logit_rows(const GraphIO& io);  // a target graph taking LOGIT_ROWS returns logits / hidden of those rows
 // table_bits: the shared table's quantized form, 8 or 4 (0: float32; kv.table_specs)
 GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
                    int target_hidden, int candidates, bool output_table, bool tables, int table_bits = 0);

@@ -150,7 +150,8 @@ class OrtBackend : public Backend {
       : rt_(std::move(rt)), session_(std::move(session)), path_(std::move(path)), layout_(m.layout),
         vocab_(m.vocab_size), hidden_(m.hidden_size), identity_(std::move(identity)),
         shared_(m.binding == BINDING_SHARED), caches(m.layout, ORT_BUCKET, shared_ ? SHARED_SPARE_SLOTS : 0),
-        in_names_(io_names(m.graphs.at("target").io.inputs)), out_names_(io_names(m.graphs.at("target").io.outputs)) {
+        in_names_(io_names(m.graphs.at("target").io.inputs)), out_names_(io_names(m.graphs.at("target").io.outputs)),
+        logit_rows_(has_logit_rows(m.graphs.at("target").io)) {
     k_new_.resize(layout_.caches.size());
     v_new_.resize(layout_.caches.size());
   }
@@ -168,20 +169,23 @@ class OrtBackend : public Backend {
     return result;
   }
 
-  // Every row asked for (last_only false, or T = 1): the graph writes logits and hidden straight into `result`'s
-  // buffers (resized in place: no allocation when T repeats). last_only over T > 1 (prefill chunks): into the
-  // backend's own buffers, then the last row copied.
+  // The graph writes logits and hidden straight into `result`'s buffers (resized in place: no allocation when T
+  // repeats): every row, or with last_only over T > 1 (prefill chunks) the last row alone where the graph takes
+  // LOGIT_ROWS (it then runs the head on that row only). Older graphs (no LOGIT_ROWS) compute every row of a
+  // prefill chunk into the backend's own buffers, and the last row is copied.
   void forward_into(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Masks& masks,
                     int64_t n_cached, bool last_only, StepOutput& result) override {
     const int t = int(ids.size());
     caches.prepare(n_cached, t);
     ids_ = ids;              // input_ids [1, T]
     positions_ = positions;  // position_ids [1, T]
-    const bool direct = !last_only || t == 1;
+    const bool last = last_only && t > 1 && logit_rows_;  // the graph returns the last row only
+    const bool direct = !last_only || t == 1 || last;
+    const int r = last ? 1 : t;  // rows the graph returns
     std::vector<float>& logits = direct ? result.logits : logits_;
     std::vector<float>& hiddens = direct ? result.hidden : hiddens_;
-    logits.resize(size_t(t) * vocab_);
-    hiddens.resize(size_t(t) * hidden_);
+    logits.resize(size_t(r) * vocab_);
+    hiddens.resize(size_t(r) * hidden_);
     std::map<std::string, Ort::Value> in, out;
     in.emplace(INPUT_IDS, tensor(rt_->cpu, ids_.data(), {1, t}));
     in.emplace(POSITION_IDS, tensor(rt_->cpu, positions_.data(), {1, t}));
@@ -200,8 +204,13 @@ class OrtBackend : public Backend {
       }
       in.emplace(mask_name(kind), tensor(rt_->cpu, dst.data(), {1, 1, t, b + t}));
     }
-    out.emplace(LOGITS, tensor(rt_->cpu, logits.data(), {1, t, vocab_}));    // [1, T, V]
-    out.emplace(HIDDEN, tensor(rt_->cpu, hiddens.data(), {1, t, hidden_}));  // [1, T, H]
+    if (logit_rows_) {  // LOGIT_ROWS [R]: 0..T-1, or T-1 alone
+      rows_.resize(size_t(r));
+      for (int i = 0; i < r; ++i) rows_[size_t(i)] = last ? t - 1 : i;
+      in.emplace(LOGIT_ROWS, tensor(rt_->cpu, rows_.data(), {r}));
+    }
+    out.emplace(LOGITS, tensor(rt_->cpu, logits.data(), {1, r, vocab_}));    // [1, R, V]
+    out.emplace(HIDDEN, tensor(rt_->cpu, hiddens.data(), {1, r, hidden_}));  // [1, R, H]
     for (size_t i = 0; i < layout_.caches.size(); ++i) {
       const CacheSpec& c = layout_.caches[i];
       const int64_t h = c.num_kv_heads, b = caches.bucket(c.kind), d = c.head_dim;
@@ -222,7 +231,7 @@ class OrtBackend : public Backend {
     ort::run(session_, in_names_, in, out_names_, out, path_, RUN_FIX);
     kernel_s += now_s() - start;
     pending_ = t;
-    result.rows = direct ? t : 1;
+    result.rows = direct ? r : 1;
     if (!direct) {
       result.logits.assign(logits_.end() - vocab_, logits_.end());
       result.hidden.assign(hiddens_.end() - hidden_, hiddens_.end());
@@ -248,7 +257,8 @@ class OrtBackend : public Backend {
 
  private:
   std::vector<std::string> in_names_, out_names_;
-  std::vector<int64_t> ids_, positions_;
+  bool logit_rows_;  // the graph takes LOGIT_ROWS
+  std::vector<int64_t> ids_, positions_, rows_;
   std::map<std::string, std::vector<float>> masks_;
   std::vector<float> logits_, hiddens_;
   std::vector<std::vector<float>> k_new_, v_new_;  // per cached layer [1, H_kv, T, D]
