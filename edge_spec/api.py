@@ -30,7 +30,8 @@ from edge_spec.logs import NOTICES
 from edge_spec.decoding.generate import GenerationResult, check_request, generate_plain
 from edge_spec.decoding.hostcheck import HostCheck, checked
 from edge_spec.contract.kv import KVLayout
-from edge_spec.contract.manifest import Manifest, content_id, read_manifest
+from edge_spec.contract.bundle import eagle3_config
+from edge_spec.contract.manifest import EAGLE3, Manifest, content_id, read_manifest
 from edge_spec.contract.manifest_check import check_memory
 from edge_spec.decoding.datastore import Datastore
 from edge_spec.decoding.datastore_source import load_bundle_datastore, target_datastore
@@ -237,6 +238,14 @@ def _eagle3_drafter(folder: Path, cfg: Eagle3Config, loaded: LoadedModel) -> Eag
     return load_eagle3(folder, target_embedding=loaded.model.model.embed_tokens.weight)
 
 
+def load_export_drafter(folder: str | Path, loaded: LoadedModel) -> Drafter | Eagle3Drafter:
+    """The drafter of `folder` for an export beside the target `loaded` (bundle.export_bundle's `drafter`): an MTP
+    drafter folder, or a Speculators eagle3 one (the pair checked, the target's embedding where it has none)."""
+    folder = Path(folder).expanduser()
+    drafter = _read_drafter(folder)
+    return _eagle3_drafter(folder, drafter, loaded) if isinstance(drafter, Eagle3Config) else drafter
+
+
 def _torch_runner(loaded: LoadedModel, drafter: Drafter | Eagle3Drafter | None, layout: KVLayout, threads: int):
     """(target backend, drafter backend or None) on eager torch: an MTP drafter reads the target's caches, an
     EAGLE-3 drafter its aux states (runtimes/torch_eagle3: the target wrapped in AuxTarget, the drafter's own cache)."""
@@ -350,7 +359,7 @@ def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int 
     return engine
 
 
-def _bundle_sources(manifest: Manifest, own_runtime: str) -> tuple[LoadedModel, Drafter | None]:
+def _bundle_sources(manifest: Manifest, own_runtime: str) -> tuple[LoadedModel, Drafter | Eagle3Drafter | None]:
     """The eager models a bundle was exported from, checked against the manifest's content hashes."""
     entries = [("target", manifest.target)] + ([("drafter", manifest.drafter)] if manifest.drafter else [])
     loaded, drafter = None, None
@@ -361,6 +370,9 @@ def _bundle_sources(manifest: Manifest, own_runtime: str) -> tuple[LoadedModel, 
         if role == "target":
             loaded = load_checkpoint(entry.source)
             state, raw = loaded.model.state_dict(), loaded.config.raw
+        elif entry.kind == EAGLE3:
+            drafter = _eagle3_drafter(Path(entry.source), read_eagle3_config(entry.source), loaded)
+            state, raw = drafter.state_dict(), eagle3_config(drafter.cfg)
         else:
             drafter = load_drafter(entry.source)
             state, raw = drafter.state_dict(), drafter.cfg.raw

@@ -200,13 +200,12 @@ def cmd_bench_head(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from edge_spec.api import default_drafter, resolve_drafter
+    from edge_spec.api import default_drafter, load_export_drafter, resolve_drafter
     from edge_spec.contract.atomic import check_out
     from edge_spec.contract.bundle import export_bundle
     from edge_spec.contract.formats import check_binding, check_options, check_precision, exporter, get_format
     from edge_spec.decoding.datastore_source import bundle_datastore
     from edge_spec.loading.checkpoints import load as load_checkpoint
-    from edge_spec.loading.checkpoints import load_drafter
 
     fmt = get_format(args.format)
     args.quant = args.quant or fmt.precisions[0]
@@ -228,8 +227,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         progress("loading the checkpoints")
         drafter_folder = resolve_drafter(choice, args.model) if choice else None
-        drafter = load_drafter(drafter_folder) if drafter_folder else None
         target = load_checkpoint(args.model)
+        # an MTP drafter folder, or a Speculators EAGLE-3 one (onnx bundles; other formats refuse it by name)
+        drafter = load_export_drafter(drafter_folder, target) if drafter_folder else None
         out = export_bundle(target, args.out, format=args.format, drafter=drafter,
                             drafter_source=str(drafter_folder.resolve()) if drafter_folder else None,
                             precision=args.quant, max_context=args.max_context, max_draft_len=args.max_draft_len,

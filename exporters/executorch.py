@@ -23,8 +23,11 @@ method reads what the target method wrote (executorch's Python `Program` sizes o
 methods it loaded: load both once, never run two at once).
 
 Precisions: fp32, and 8da4w (int8 per-token dynamic activations x int4 weights in groups of 32 whose codes keep each
-block's min and max exact, `quantize_8da4w`; 8-bit output head; the embedding table stays fp32). Exporters import
-the core only, never runtimes.
+block's min and max exact; the output head 8-bit per row, and the vocabulary table as the head's codes, read by
+ExecuTorch's quantized embedding op: exporters/executorch_quant.py). The fp32 program keeps a tied table twice
+(the embedding's constant and XNNPACK's packed head): XNNPACK taking the constant as a run-time weight stored it once
+but repacked it on every call, SmolLM2's decode step 20.9 -> 26.5 ms (docs/architecture.md). Exporters import the
+core only, never runtimes.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import warnings
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from edge_spec.contract import bundle
@@ -44,6 +46,7 @@ from edge_spec.contract import kv
 from edge_spec.contract.bundle import COMMON_STEPS
 from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
+from edge_spec.exporters.executorch_quant import output_table, quantize_8da4w, quantize_tables, quantized_embedding_ops
 from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.contract.manifest import GraphEntry
 from edge_spec.model.attention import attend_slots
@@ -55,7 +58,6 @@ PTE_DIR = "executorch"
 PROGRAM_FILE = f"{PTE_DIR}/program.pte"
 TARGET_METHOD = "target"
 DRAFTER_METHOD = "drafter"
-QUANT_GROUP = 32
 
 
 def cache_buffer(kind: str, layer: int) -> str:
@@ -89,7 +91,7 @@ class Program(nn.Module):
         self.ring = layout.slots(kv.SLIDING) if kv.SLIDING in self.kinds else None  # rings: position % slots
         self.sources = kv.source_caches(layout, sources or {})
         if drafter is not None and drafter.cfg.head_from == "target":  # the drafter scores with the target's table:
-            self.head_table = target.lm_head.weight  # kept fp32 (8da4w quantizes lm_head's own reference only)
+            self.head_table = target.lm_head.weight  # 8da4w: its QuantizedTable (`_quantized_copy`)
         for c in layout.caches:
             shape = (c.num_kv_heads, c.slots, 1, c.head_dim) if attention == "slots" else \
                 (1, c.slots, c.num_kv_heads, c.head_dim)
@@ -147,7 +149,7 @@ class Program(nn.Module):
     def drafter_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                      *masks: torch.Tensor):
         kinds = sorted(self.sources)
-        embed = F.embedding(input_ids, self.target.model.embed_tokens.weight) * self.target.embed_scale  # [1, 1, Ht]
+        embed = self.target.model.embed_tokens(input_ids) * self.target.embed_scale  # [1, 1, Ht] (fp32 or codes)
         kv_in = {kind: self._cache(self.sources[kind], m.shape[-1]) for kind, m in zip(kinds, masks)}
         head = self.head_table if self.drafter.cfg.head_from == "target" else None
         out = self.drafter(embed, hidden, position_ids, dict(zip(kinds, masks)), kv_in, head, ops=SPELLED_GELU)
@@ -211,29 +213,6 @@ def export_drafter_method(program: Program):
     return _export(program, program.drafter_step, (ids, hidden, pos, *masks), dynamic, "drafter")
 
 
-def quantize_8da4w(module: nn.Module, skip: tuple[str, ...] = (), head: str | None = None) -> None:
-    """int8 per-token dynamic activations x int4 weights in groups of 32 on every Linear whose input width is a
-    multiple of 32, in place: the codes keep each block's min and max exact (edge_spec.exporters.exact_int4: symmetric int4
-    for XNNPACK + an fp32 block-offset term; SmolLM2's Q4_1 weights come back bit-exact); the output head `head`
-    gets int8 weights per channel (torchao 8da8w), as the ONNX int4 path's 8-bit head. Narrower Linears (tiny test
-    models' per-layer inputs) stay fp32, and so do the modules named in `skip` (a drafter's lm_head, which its head
-    reads as a table: gathered rows, not a Linear call; its centroid scorer, called on one vector, which XNNPACK's
-    dynamic-quant lowering does not take)."""
-    with quiet(*IMPORT_NOISE):
-        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
-        from torchao.quantization.granularity import PerAxis
-
-        from edge_spec.exporters.exact_int4 import swap_linears
-
-    def eligible(fqn: str, m: nn.Module) -> bool:
-        return isinstance(m, nn.Linear) and m.in_features % QUANT_GROUP == 0 and fqn not in skip
-
-    if head is not None:
-        config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
-        quantize_(module, config, filter_fn=lambda m, fqn: fqn == head and eligible(fqn, m))
-    swap_linears(module, lambda fqn, m: fqn != head and eligible(fqn, m), QUANT_GROUP)
-
-
 def constant_methods(job: bundle.ExportJob) -> dict:
     cfg, layout = job.target.config, job.layout
     return {"get_vocab_size": cfg.vocab_size, "get_max_context_len": layout.max_context,
@@ -246,6 +225,7 @@ def _custom_ops() -> None:
     """Register ExecuTorch's LLM ops with torch (llama::update_cache_with_indices) before tracing."""
     with quiet(*IMPORT_NOISE):
         import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    quantized_embedding_ops()  # quantized_decomposed::embedding_byte / _4bit (8da4w tables)
 
 
 def lower(methods: dict, constants: dict) -> bytes:
@@ -322,7 +302,13 @@ def _quantized_copy(program: Program) -> Program:
     clone = copy.deepcopy(program)
     if pack_modules(clone.target):
         clone.ops = PACKED_SPELLED_GELU
-    quantize_8da4w(clone.target, head="lm_head")
+    weight = clone.target.lm_head.weight  # [V, H] fp32, maybe the embedding's (tied)
+    quantize_8da4w(clone.target, head="lm_head")  # the head: TABLE_BITS codes
+    # the embedding(s) -> integer codes (a tied one: the head's codes): no fp32 table left
+    tables = quantize_tables(clone.target, head=clone.target.lm_head, tied=weight)
     if clone.drafter is not None:
         quantize_8da4w(clone.drafter, skip=("lm_head", "masked_embedding.centroids"))  # tables / 1-D inputs
+    if hasattr(clone, "head_table"):  # the drafter gathers rows of the target's table: the quantized one
+        del clone.head_table
+        clone.head_table = tables[id(weight)] if id(weight) in tables else output_table(clone.target.lm_head, weight)
     return clone

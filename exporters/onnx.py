@@ -72,6 +72,7 @@ from edge_spec.exporters import calibration
 from edge_spec.exporters.onnx_passes import (ONNX_DIR, QUANT, TABLE_FILES, ZERO_POINT, rename_embedding_table, quantize,
                                              save_graph, write_table)
 from edge_spec.exporters.onnx_tables import quantize_drafter_table, quantize_gather_tables, share_table
+from edge_spec.exporters.onnx_eagle3 import write_eagle3
 
 TARGET_FILE = f"{ONNX_DIR}/target.onnx"
 DRAFTER_FILE = f"{ONNX_DIR}/drafter.onnx"
@@ -81,17 +82,17 @@ OPSET = 18
 # ---- flat-tensor wrappers (the exported signatures) ----------------------------------------------------
 class TargetGraph(nn.Module):
     """(input_ids, position_ids, masks per kind, k/v caches per cached layer, logit rows [R]) -> (logits [1, R, V],
-    hidden [1, R, H], k/v new rows)."""
+    hidden [1, R, H], with `aux_layers` aux_hidden [1, T, n * H], k/v new rows)."""
 
-    def __init__(self, model: Transformer, kinds: tuple[str, ...], form: Form, ops: Ops):
+    def __init__(self, model: Transformer, kinds: tuple[str, ...], form: Form, ops: Ops, aux_layers: tuple = ()):
         super().__init__()
-        self.model, self.kinds, self.form, self.ops = model, kinds, form, ops
+        self.model, self.kinds, self.form, self.ops, self.aux_layers = model, kinds, form, ops, tuple(aux_layers)
 
     def forward(self, input_ids, position_ids, masks: tuple, caches: tuple, logit_rows=None):
         out = self.model(input_ids, position_ids, dict(zip(self.kinds, masks)), list(caches[0::2]),
-                         list(caches[1::2]), form=self.form, ops=self.ops, rows=logit_rows)
+                         list(caches[1::2]), form=self.form, ops=self.ops, rows=logit_rows, aux_layers=self.aux_layers)
         rows = [r for k, v in zip(out.new_k, out.new_v) for r in (k, v)]
-        return (out.logits, out.hidden, *rows)
+        return (out.logits, out.hidden, *((out.aux,) if self.aux_layers else ()), *rows)
 
 
 class DrafterGraph(nn.Module):
@@ -200,14 +201,14 @@ ATTENTION_FORMS = ("slots", "split")
 
 
 def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "dynamo",
-                  attention: str = "slots") -> onnx.ModelProto:
+                  attention: str = "slots", aux_layers: tuple[int, ...] = ()) -> onnx.ModelProto:
     """The target graph. `attention`: "slots" (batch-invariant, edge_spec.model.attention.attend_slots; what bundles ship) or
     "split" (cache part + new part, the form before 2026-11-30): kept only as the negative control of the exactness
     tests and the host check, which must find it not batch-invariant."""
     if attention not in ATTENTION_FORMS:
         raise ConfigError(f"unknown attention form {attention!r}", f"choose one of {', '.join(ATTENTION_FORMS)}")
     cfg = model.cfg
-    io = kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, logit_rows=True)
+    io = kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, True, len(aux_layers) * cfg.hidden_size)
     kinds = layout.kinds()
     t, lengths = 3, _example_lengths(layout)
     ids = torch.randint(0, cfg.vocab_size, (1, t))
@@ -227,8 +228,8 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
     if shared:
         _check_shared(model, layout, exporter)
     ops = FusedOps(model, layout.max_context, gqa=shared) if exporter == "dynamo" else EAGER  # TorchScript cannot
-    proto = _torch_export(TargetGraph(model, kinds, form, ops).eval(), (ids, pos, masks, caches, rows), dynamic, io,
-                          exporter)
+    proto = _torch_export(TargetGraph(model, kinds, form, ops, aux_layers).eval(), (ids, pos, masks, caches, rows),
+                          dynamic, io, exporter)
     _blank_unused_outputs(proto)
     return proto
 
@@ -281,7 +282,8 @@ def export_drafter(drafter: Drafter, target: Transformer, layout: kv.KVLayout, s
 
 def needs_output_table(cfg, drafter: Drafter | None) -> bool:
     """A head_from="target" drafter scores against the target's lm_head: a separate table only when untied."""
-    return drafter is not None and drafter.cfg.head_from == "target" and not cfg.tie_word_embeddings
+    head_from = getattr(drafter.cfg, "head_from", None) if drafter is not None else None  # eagle3: none
+    return head_from == "target" and not cfg.tie_word_embeddings
 
 
 # ---- the bundle --------------------------------------------------------------------------------------
@@ -310,7 +312,7 @@ def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dic
     (tmp / ONNX_DIR).mkdir()
     embedding = target.model.model.embed_tokens.weight.detach().float().numpy()
     step("exporting the target graph")
-    proto = export_target(target.model, layout, exporter=exporter, attention=attention)
+    proto = export_target(target.model, layout, exporter=exporter, attention=attention, aux_layers=job.aux_layers)
     rename_embedding_table(proto, embedding)
     step(f"quantizing the target graph ({precision})" if precision != "fp32" else "saving the target graph")
     stats = None
@@ -326,9 +328,11 @@ def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dic
         tables[kv.OUTPUT_TABLE] = _table_entry(tmp, kv.OUTPUT_TABLE, target.model.lm_head.weight.detach().float().numpy())
     save_graph(proto, tmp / TARGET_FILE, {name: Path(TABLE_FILES[name]).name for name in arrays})
     del proto
-    graphs = {"target": GraphEntry(TARGET_FILE, precision,
-                                   kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, logit_rows=True))}
-    if drafter is not None:
+    graphs = {"target": GraphEntry(TARGET_FILE, precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, True,
+                                                                        len(job.aux_layers) * cfg.hidden_size))}
+    if job.aux_layers:  # an eagle3 drafter: its fc and step graphs (exporters/onnx_eagle3.py)
+        graphs.update(write_eagle3(job, functools.partial(_torch_export, exporter=exporter)))
+    elif drafter is not None:
         step("exporting the drafter graph")
         dproto = export_drafter(drafter, target.model, layout, job.sources, exporter=exporter)
         step(f"quantizing the drafter graph ({precision})" if precision != "fp32" else "saving the drafter graph")

@@ -43,6 +43,7 @@ def load_program(path: Path):
     try:
         with quiet(*IMPORT_NOISE):
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (kernels of llama::update_cache_*)
+            import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed::embedding_*: 8da4w tables)
             from executorch.runtime import Runtime
     except ImportError as err:
         raise ConfigError(f"the executorch runtime is not installed ({err.name or err})",

@@ -19,7 +19,9 @@ import numpy as np
 from edge_spec.contract import kv
 from edge_spec.contract.backend import DraftStep, StepOutput
 from edge_spec.errors import BundleError, ConfigError
+from edge_spec.contract.manifest import EAGLE3, EAGLE3_FC_GRAPH
 from edge_spec.runtimes.io_caches import BUCKET, IoCaches, NewRows
+from edge_spec.runtimes.ort_eagle3 import OrtEagle3Drafter, draft_layout
 from edge_spec.contract.kv import CacheSpec, KVLayout
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "xnnpack": "XnnpackExecutionProvider",
@@ -122,9 +124,15 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     backend = OrtBackend(target, layout, manifest.vocab_size, manifest.hidden_size)
     if manifest.drafter is None:
         return backend, None
-    entry = manifest.graphs["drafter"]
-    session = make_session(folder / entry.file, provider=provider, threads=threads, spin=False)
-    check_graph_io(session, entry.io, folder / entry.file)
+    sessions = {}
+    for name in ("drafter", EAGLE3_FC_GRAPH) if manifest.drafter.kind == EAGLE3 else ("drafter",):
+        entry = manifest.graphs[name]
+        sessions[name] = make_session(folder / entry.file, provider=provider, threads=threads, spin=False)
+        check_graph_io(sessions[name], entry.io, folder / entry.file)
+    if manifest.drafter.kind == EAGLE3:  # its own cache, its fc graph (runtimes/ort_eagle3.py)
+        draft = draft_layout(manifest.drafter.draft_layout, layout.max_context)
+        return backend, OrtEagle3Drafter(sessions["drafter"], sessions[EAGLE3_FC_GRAPH], backend, draft)
+    entry, session = manifest.graphs["drafter"], sessions["drafter"]
     wanted = {t.name for t in entry.io.inputs}
     runner = OrtDrafter(session, backend, {k: int(v) for k, v in manifest.drafter.kv_sharing.items()},
                         {name: t for name, t in tables.items() if name in wanted}, manifest.drafter.candidates_per_step)
@@ -142,8 +150,9 @@ def diagnose(folder: Path, manifest, *, threads: int | None = None, nodes: bool 
 class _Buffers:
     """Per-T input/output buffers, reallocated only when a forward needs a larger T."""
 
-    def __init__(self, t_cap: int, layout: KVLayout, vocab: int, hidden: int):
+    def __init__(self, t_cap: int, layout: KVLayout, vocab: int, hidden: int, aux: int = 0):
         self.t_cap = t_cap
+        self.aux = np.zeros(t_cap * aux, dtype=np.float32) if aux else None  # kv.AUX_HIDDEN rows [T, aux]
         self.ids = np.zeros(t_cap, dtype=np.int64)
         self.pos = np.zeros(t_cap, dtype=np.int64)
         spare = kv.SHARED_SPARE_SLOTS if layout.binding == kv.BINDING_SHARED else 0
@@ -176,7 +185,11 @@ class OrtBackend:
         self.vocab, self.hidden_size = vocab_size, hidden_size
         self.specs: list[CacheSpec] = list(layout.caches)
         self.caches = IoCaches(layout, BUCKET, kv.SHARED_SPARE_SLOTS if layout.binding == kv.BINDING_SHARED else 0)
-        self.buffers = _Buffers(1, layout, vocab_size, hidden_size)
+        # an eagle3 bundle's target also returns kv.AUX_HIDDEN [1, T, aux_width]; after each pass `aux_sink` (set by
+        # the eagle3 drafter, runtimes/ort_eagle3.py) gets (ids [T], positions [T], aux rows [T, aux_width])
+        self.aux_width = next((int(o.shape[-1]) for o in session.get_outputs() if o.name == kv.AUX_HIDDEN), 0)
+        self.aux_sink = None
+        self.buffers = _Buffers(1, layout, vocab_size, hidden_size, self.aux_width)
         # graphs exported since 2026-12-05 take kv.LOGIT_ROWS: a prefill chunk runs the head on its last row only
         self.logit_rows = kv.LOGIT_ROWS in {i.name for i in session.get_inputs()}
         # one IOBinding per pass length T (and last-row-only or not), all pointing into the current buffers and cache
@@ -214,7 +227,8 @@ class OrtBackend:
         t = input_ids.shape[1]
         self.caches.prepare(n_cached, t)  # a split-form graph just gets a few more slots than it needs
         if t > self.buffers.t_cap:
-            self.buffers = _Buffers(max(t, 2 * self.buffers.t_cap), self.layout, self.vocab, self.hidden_size)
+            self.buffers = _Buffers(max(t, 2 * self.buffers.t_cap), self.layout, self.vocab, self.hidden_size,
+                                    self.aux_width)
         buf = self.buffers
         buf.ids[:t] = input_ids[0]
         buf.pos[:t] = position_ids[0]
@@ -241,6 +255,8 @@ class OrtBackend:
         self.session.run_with_iobinding(binding)
         self.kernel_s += time.perf_counter() - start
         self._pending = t
+        if self.aux_sink is not None:
+            self.aux_sink(buf.ids[:t], buf.pos[:t], buf.aux[:t * self.aux_width].reshape(t, self.aux_width))
         r = 1 if last else t  # rows the graph returned
         rows = slice(r - 1, r) if last_only else slice(0, r)
         logits = buf.logits[:r * self.vocab].reshape(r, self.vocab)[rows].copy()
@@ -262,6 +278,8 @@ class OrtBackend:
             _bind(bind, kv.v_cache_name(spec.layer), v)
         _bind(bind, kv.LOGITS, buf.logits[:r * self.vocab].reshape(1, r, self.vocab), output=True)
         _bind(bind, kv.HIDDEN, buf.hidden[:r * self.hidden_size].reshape(1, r, self.hidden_size), output=True)
+        if buf.aux is not None:
+            _bind(bind, kv.AUX_HIDDEN, buf.aux[:t * self.aux_width].reshape(1, t, self.aux_width), output=True)
         for i, spec in enumerate(self.specs):
             if buf.new is None:  # `shared`: the caches out are the caches in (the graph writes its rows in place)
                 k, v = self.cache_views(i)

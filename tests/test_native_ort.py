@@ -241,3 +241,16 @@ def test_damaged_onnx_bundles_and_other_formats_are_refused(ort_native, llama_on
     (folder / MANIFEST).write_text(json.dumps(raw))
     err = _refusal(ort_native, folder)
     assert "has no runtime for 'coreml' bundles (it runs executorch, onnx and qnn bundles)" in err and "fix:" in err
+
+
+def test_an_eagle3_bundle_is_refused_by_kind(ort_native, tiny_llama, tmp_path):
+    """EAGLE-3 drafters run in the Python runtime only so far (issue 48): the runner names the drafter's kind before
+    the graphs' IO (whose extra aux_hidden output would otherwise be the first complaint)."""
+    from edge_spec.contract.bundle import export_bundle
+    from tests.test_eagle3_speculative import drafter_for
+
+    target = checkpoints.load(str(tiny_llama[0]))
+    folder = export_bundle(target, tmp_path / "eagle3", format="onnx", drafter=drafter_for(target), max_context=64,
+                           exporter="torchscript")
+    err = _refusal(ort_native, folder)
+    assert "drafter is of kind 'eagle3'" in err and "MTP drafters only" in err and "fix:" in err

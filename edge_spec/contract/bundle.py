@@ -16,10 +16,12 @@ from edge_spec.contract import kv
 from edge_spec.loading.checkpoints import LoadedModel
 from edge_spec.contract.layout import kv_layout
 from edge_spec.model.drafter import Drafter, pair
+from edge_spec.model.eagle3 import Eagle3Config, Eagle3Drafter, check_eagle3_pair
 from edge_spec.errors import ConfigError
 from edge_spec.contract.formats import Format, check_binding, check_precision, exporter, get_format
 from edge_spec.contract.atomic import write_bundle
-from edge_spec.contract.manifest import TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest, ModelEntry, TableEntry, content_id
+from edge_spec.contract.manifest import (EAGLE3, EAGLE3_FORMATS, TOKENIZER_FILES, DrafterEntry, GraphEntry, Manifest,
+                                        ModelEntry, TableEntry, content_id)
 
 DEFAULT_MAX_DRAFT_LEN = 8
 COMMON_STEPS = 3  # hashing the target, copying the tokenizer, writing the manifest
@@ -31,12 +33,13 @@ class ExportJob:
 
     tmp: Path
     target: LoadedModel
-    drafter: Drafter | None
+    drafter: Drafter | Eagle3Drafter | None
     layout: kv.KVLayout
-    sources: dict[str, int] | None  # drafter kind -> target layer whose cache it reads
+    sources: dict[str, int] | None  # drafter kind -> target layer whose cache it reads (MTP drafters)
     precision: str
     step: Callable[[str], None]  # progress: call before each of the format's steps
     max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
+    aux_layers: tuple[int, ...] = ()  # an eagle3 drafter's: the target graph returns kv.AUX_HIDDEN of these layers
 
 
 Writer = Callable[[ExportJob], tuple[dict[str, GraphEntry], dict[str, TableEntry]]]
@@ -97,15 +100,33 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
     cfg = target.config
     max_context = max_context or min(2048, cfg.max_position_embeddings)
     layout = kv_layout(cfg, max_context, max_pass, binding, fmt.fixed_shapes)
-    sources = pair(target.model, drafter) if drafter is not None else None  # binds a target-derived table
+    eagle3 = isinstance(drafter, Eagle3Drafter)
+    if eagle3:
+        aux_layers = check_eagle3_pair(cfg, drafter.cfg, f"the target {target.name}", "the EAGLE-3 drafter")
+        if fmt.name not in EAGLE3_FORMATS:
+            raise ConfigError(f"EAGLE-3 drafters export to {', '.join(EAGLE3_FORMATS)} bundles only so far, not "
+                              f"{fmt.name} (issue 48)", "export with --format onnx, or without the drafter")
+        sources = {}
+    else:
+        aux_layers = ()
+        sources = pair(target.model, drafter) if drafter is not None else None  # binds a target-derived table
     step = progress or (lambda name: None)
 
     def build(tmp: Path) -> Manifest:
         step("hashing the target")
         target_id = content_id(cfg.raw, target.model.state_dict())
-        graphs, tables = write(ExportJob(tmp, target, drafter, layout, sources, precision, step, max_draft_len))
+        graphs, tables = write(ExportJob(tmp, target, drafter, layout, sources, precision, step, max_draft_len,
+                                         aux_layers))
         drafter_entry = None
-        if drafter is not None:
+        if eagle3:
+            c = drafter.cfg
+            drafter_entry = DrafterEntry(
+                name=drafter_source or "(in memory)", source=drafter_source,
+                content_sha256=content_id(eagle3_config(c), drafter.state_dict()), config=eagle3_config(c),
+                target_content_sha256=target_id, candidates_per_step=c.draft_vocab_size, kind=EAGLE3,
+                aux_layers=list(aux_layers), draft_vocab_size=c.draft_vocab_size,
+                draft_kv=eagle3_layout(c, layout.max_context).to_json())
+        elif drafter is not None:
             drafter_entry = DrafterEntry(
                 name=drafter_source or "(in memory)", source=drafter_source,
                 content_sha256=content_id(drafter.cfg.raw, drafter.state_dict()), config=drafter.cfg.raw,
@@ -133,3 +154,21 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
             created_by=f"edge-spec {__version__}", datastore=datastore_entry)
 
     return write_bundle(out, build)
+
+
+def eagle3_config(cfg: Eagle3Config) -> dict:
+    """An eagle3 drafter's config as the manifest records it (and its content id hashes): Speculators' keys."""
+    options = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+    return {"speculators_model_type": "eagle3", "transformer_layer_config": cfg.layers.raw, "qk_norm": cfg.qk_norm,
+            "draft_vocab_size": cfg.draft_vocab_size, "num_aux": cfg.num_aux,
+            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids) if cfg.aux_layer_ids else None,
+            **{name: getattr(cfg, name) for name in options}}
+
+
+def eagle3_layout(cfg: Eagle3Config, max_context: int) -> kv.KVLayout:
+    """An eagle3 drafter's own cache: one full-attention cache per drafter layer, kind kv.DRAFT_KIND, `io` binding,
+    max_context + 1 slots (slot p - 1 holds its row at position p; rows chained after the committed ones follow)."""
+    c, slots = cfg.layers, max_context + 1
+    caches = tuple(kv.CacheSpec(i, kv.DRAFT_KIND, c.kv_heads[0], c.head_dims[0], slots, None)
+                   for i in range(c.num_layers))
+    return kv.KVLayout(caches, slots)

@@ -95,6 +95,22 @@ DRAFT_TOKEN_IDS = "draft_token_ids"  # [N] int64 candidate ids (N = candidates p
 DRAFT_LOGITS = "draft_logits"  # [N] float32
 DRAFT_HIDDEN = "draft_hidden"  # [1, 1, Ht] float32, the `hidden` input of the next draft step
 
+# EAGLE-3 drafters (drafter kind "eagle3"): the target graph also returns its residual streams at the drafter's aux
+# layers for every row of the pass; an fc graph fuses them; the drafter graph keeps its own cache (`io` binding)
+AUX_HIDDEN = "aux_hidden"  # [1, T, n * Ht] float32, n aux layers concatenated in the drafter's order
+FUSED_HIDDEN = "fused_hidden"  # [1, T, Ht] float32: fc(cat(aux)), the `hidden` of the drafter's first rows
+DRAFT_KIND = "draft"  # the kind of the drafter's own caches (slots_dim(DRAFT_KIND); layers numbered 0.. in the drafter)
+DRAFT_MASK = "draft_mask"  # [1, 1, T, S_draft + T] float32 additive
+
+
+def draft_cache_names(layer: int) -> tuple[str, str]:  # the drafter's own K, V caches [1, H_kv, S_draft, D]
+    return f"draft_k_cache.{layer}", f"draft_v_cache.{layer}"
+
+
+def draft_new_names(layer: int) -> tuple[str, str]:  # their new rows [1, H_kv, T, D]
+    return f"draft_k_new.{layer}", f"draft_v_new.{layer}"
+
+
 # symbolic dims (exported graphs, manifest)
 T_DIM = "T"  # new tokens in one forward
 R_DIM = "R"  # rows with logits (LOGIT_ROWS)
@@ -239,15 +255,19 @@ def _cache_specs(caches, names) -> list[TensorSpec]:
             for c in caches for name in names]
 
 
-def target_io(layout: KVLayout, vocab_size: int, hidden_size: int, logit_rows: bool = False) -> GraphIO:
+def target_io(layout: KVLayout, vocab_size: int, hidden_size: int, logit_rows: bool = False,
+              aux_size: int = 0) -> GraphIO:
     """Target prefill/verify/decode graph: T new tokens -> logits, hidden. `io` binding: the caches are inputs and
     the new rows outputs; `state`: the program keeps the caches (its masks' S_kind = the slots it attends over).
-    `logit_rows`: the graph takes LOGIT_ROWS last and returns logits / hidden of those R rows only."""
+    `logit_rows`: the graph takes LOGIT_ROWS last and returns logits / hidden of those R rows only.
+    `aux_size` (n * Ht; 0: none): the graph also returns AUX_HIDDEN [1, T, aux_size] after HIDDEN (eagle3 drafters)."""
     t = T_DIM
     r = R_DIM if logit_rows else T_DIM
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, t)), TensorSpec(POSITION_IDS, "int64", (1, t))]
     inputs += [TensorSpec(mask_name(kind), "float32", (1, 1, t, mask_cols_dim(kind))) for kind in layout.kinds()]
     outputs = [TensorSpec(LOGITS, "float32", (1, r, vocab_size)), TensorSpec(HIDDEN, "float32", (1, r, hidden_size))]
+    if aux_size:
+        outputs.append(TensorSpec(AUX_HIDDEN, "float32", (1, t, aux_size)))
     if layout.binding in CACHE_INPUTS:
         inputs += _cache_specs(layout.caches, (k_cache_name, v_cache_name))
     if logit_rows:
@@ -263,6 +283,11 @@ def target_io(layout: KVLayout, vocab_size: int, hidden_size: int, logit_rows: b
 def has_logit_rows(io: GraphIO) -> bool:
     """Does a target graph take LOGIT_ROWS (and return only those rows)?"""
     return any(spec.name == LOGIT_ROWS for spec in io.inputs)
+
+
+def aux_size(io: GraphIO) -> int:
+    """The width n * Ht of a target graph's AUX_HIDDEN output (0: it has none)."""
+    return next((int(spec.shape[-1]) for spec in io.outputs if spec.name == AUX_HIDDEN), 0)
 
 
 def table_specs(vocab_size: int, hidden: int, bits: int = 0) -> list[TensorSpec]:
@@ -306,6 +331,28 @@ def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, targe
     outputs = [TensorSpec(DRAFT_TOKEN_IDS, "int64", (candidates,)), TensorSpec(DRAFT_LOGITS, "float32", (candidates,)),
                TensorSpec(DRAFT_HIDDEN, "float32", (1, 1, target_hidden))]
     return GraphIO(tuple(inputs), tuple(outputs))
+
+
+def eagle3_drafter_io(draft: KVLayout, hidden: int, draft_vocab: int) -> GraphIO:
+    """EAGLE-3 drafter graph: T rows (target ids, hidden fused or chained, positions, DRAFT_MASK, its own caches, of
+    the layout `draft`) -> the last row's Vd candidates (target ids), their logits, its chained hidden; every row's
+    new K/V (the runtime writes them into its cache)."""
+    t, s = T_DIM, slots_dim(DRAFT_KIND)
+    inputs = [TensorSpec(INPUT_IDS, "int64", (1, t)), TensorSpec(HIDDEN, "float32", (1, t, hidden)),
+              TensorSpec(POSITION_IDS, "int64", (1, t)), TensorSpec(DRAFT_MASK, "float32", (1, 1, t, mask_cols_dim(DRAFT_KIND)))]
+    inputs += [TensorSpec(name, "float32", (1, c.num_kv_heads, s, c.head_dim))
+               for c in draft.caches for name in draft_cache_names(c.layer)]
+    outputs = [TensorSpec(DRAFT_TOKEN_IDS, "int64", (draft_vocab,)), TensorSpec(DRAFT_LOGITS, "float32", (draft_vocab,)),
+               TensorSpec(DRAFT_HIDDEN, "float32", (1, 1, hidden))]
+    outputs += [TensorSpec(name, "float32", (1, c.num_kv_heads, t, c.head_dim))
+                for c in draft.caches for name in draft_new_names(c.layer)]
+    return GraphIO(tuple(inputs), tuple(outputs))
+
+
+def eagle3_fc_io(aux_width: int, hidden: int) -> GraphIO:
+    """EAGLE-3 fc graph: AUX_HIDDEN [1, T, n * Ht] (the target's rows) -> FUSED_HIDDEN [1, T, Ht]."""
+    return GraphIO((TensorSpec(AUX_HIDDEN, "float32", (1, T_DIM, aux_width)),),
+                   (TensorSpec(FUSED_HIDDEN, "float32", (1, T_DIM, hidden)),))
 
 
 # ---- pure functions ----------------------------------------------------------------------------

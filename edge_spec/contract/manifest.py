@@ -24,7 +24,8 @@ from edge_spec.errors import BundleError
 from edge_spec.contract.formats import FORMATS
 from edge_spec.contract.manifest_check import check_fields, check_tables
 from edge_spec.contract.datastore_check import DATASTORE_KEY, check_datastore
-from edge_spec.contract.kv import (OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec, drafter_io, has_logit_rows, ring_slots,
+from edge_spec.contract.kv import (AUX_HIDDEN, BINDING_IO, DRAFT_KIND, OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec,
+                                  aux_size, drafter_io, eagle3_drafter_io, eagle3_fc_io, has_logit_rows, ring_slots,
                                   table_bits, target_io)
 
 SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
@@ -103,12 +104,25 @@ class ModelEntry:
     source: str | None = None  # folder to reload eager weights from (runtime "torch"); None if exported from memory
 
 
+MTP, EAGLE3 = "mtp", "eagle3"  # drafter kinds: reads the target's caches | reads its aux states, owns a cache
+EAGLE3_FORMATS = ("onnx",)  # formats whose exporter and runtime build eagle3 drafters (issue 48: the others to come)
+EAGLE3_FC_GRAPH = "drafter_fc"  # an eagle3 bundle's fc graph (kv.eagle3_fc_io) beside its "drafter" graph
+
+
 @dataclass(frozen=True)
 class DrafterEntry(ModelEntry):
     target_content_sha256: str = ""  # the target it was exported against
     kv_sharing: dict = field(default_factory=dict)  # kind -> target layer whose cache it reads
     head_from: str = "drafter"
     candidates_per_step: int = 0
+    kind: str = MTP  # MTP (absent from the JSON) | EAGLE3; the fields below are eagle3's only (absent for MTP)
+    aux_layers: list = field(default_factory=list)  # target layer ids whose residual streams it reads (AUX_HIDDEN)
+    draft_vocab_size: int = 0  # Vd: its candidates per step
+    draft_kv: dict | None = None  # its own cache: a KVLayout (kind kv.DRAFT_KIND, `io` binding) as JSON
+
+    @property
+    def draft_layout(self) -> KVLayout:
+        return KVLayout.from_json(self.draft_kv)
 
 
 @dataclass(frozen=True)
@@ -170,8 +184,14 @@ class Manifest:
             files=dict(d["files"]), created_by=d.get("created_by", ""), datastore=d.get(DATASTORE_KEY))
 
 
+_EAGLE3_FIELDS = ("kind", "aux_layers", "draft_vocab_size", "draft_kv")
+
+
 def _model_json(m: ModelEntry) -> dict:
-    return dict(m.__dict__)
+    d = dict(m.__dict__)
+    if isinstance(m, DrafterEntry) and m.kind == MTP:  # MTP manifests stay as they were before eagle3
+        d = {k: v for k, v in d.items() if k not in _EAGLE3_FIELDS}
+    return d
 
 
 # ---- reading (verified) ------------------------------------------------------------------------------
@@ -256,13 +276,17 @@ def _verify_contract(m: Manifest, path: Path) -> None:
                 raise BundleError(f"{path}: layer {c.layer}'s ring has {c.slots} slots, too few for window {c.window} "
                                   f"and passes of {m.layout.max_pass} tokens", _REEXPORT)
     target = m.graphs["target"].io  # with or without LOGIT_ROWS (ONNX bundles before 2026-12-05: without)
+    _check_aux(m, target, path)
     _same_io(f"{path}: target graph", target,
-             target_io(m.layout, m.vocab_size, m.hidden_size, has_logit_rows(target)))
+             target_io(m.layout, m.vocab_size, m.hidden_size, has_logit_rows(target), aux_size(target)))
     if m.drafter is None:
         if "drafter" in m.graphs:
             raise BundleError(f"{path}: a drafter graph is listed without a drafter entry", _REEXPORT)
         return
     d = m.drafter
+    if d.kind == EAGLE3:
+        _verify_eagle3(m, path)
+        return
     if d.target_content_sha256 != m.target.content_sha256:
         raise BundleError(f"{path}: the drafter was exported for target {d.target_content_sha256[:12]}, "
                           f"this bundle's target is {m.target.content_sha256[:12]} (a drafter from another target)",
@@ -279,6 +303,50 @@ def _verify_contract(m: Manifest, path: Path) -> None:
                           d.candidates_per_step, output_table=OUTPUT_TABLE in m.tables, tables=not fmt.constant_tables,
                           table_bits=table_bits(m.tables))
     _same_io(f"{path}: drafter graph", m.graphs["drafter"].io, expected)
+
+
+def _check_aux(m: Manifest, target: GraphIO, path: Path) -> None:
+    """The target graph returns AUX_HIDDEN exactly when the drafter is an eagle3 one, as wide as its aux layers."""
+    kind = m.drafter.kind if m.drafter is not None else None
+    if kind not in (None, MTP, EAGLE3):
+        raise BundleError(f"{path}: drafter kind {kind!r} is not one this edge-spec runs ({MTP}, {EAGLE3})",
+                          "update edge-spec, or " + _REEXPORT)
+    got = aux_size(target)
+    need = len(m.drafter.aux_layers) * m.hidden_size if kind == EAGLE3 else 0
+    if need and not got:
+        raise BundleError(f"{path}: the eagle3 drafter reads the target's hidden states at layers "
+                          f"{list(m.drafter.aux_layers)}, but the target graph has no {AUX_HIDDEN} output",
+                          "re-export the pair with this edge-spec: edge-spec export --model M --drafter EAGLE3_FOLDER "
+                          "(the target graph then returns them)")
+    if got != need:
+        has = f"an eagle3 drafter reading {need // m.hidden_size} aux layers" if need else "no eagle3 drafter"
+        raise BundleError(f"{path}: the target graph returns {AUX_HIDDEN} of width {got}, but the bundle has {has} "
+                          f"(width {need})", _REEXPORT)
+
+
+def _verify_eagle3(m: Manifest, path: Path) -> None:
+    """An eagle3 drafter: a format that runs it, no kv_sharing, its own `io` cache layout, its two graphs' IO."""
+    d = m.drafter
+    if m.format not in EAGLE3_FORMATS:
+        raise BundleError(f"{path}: an eagle3 drafter in a {m.format} bundle; edge-spec runs eagle3 drafters in "
+                          f"{', '.join(EAGLE3_FORMATS)} bundles only so far", "re-export with --format onnx")
+    if d.kv_sharing or not d.draft_kv or not 0 < d.draft_vocab_size <= m.vocab_size:
+        raise BundleError(f"{path}: the eagle3 drafter entry needs draft_kv, draft_vocab_size in [1, {m.vocab_size}] "
+                          f"and no kv_sharing", _REEXPORT)
+    try:
+        draft = d.draft_layout
+    except (KeyError, TypeError, ValueError) as err:
+        raise BundleError(f"{path}: the eagle3 drafter's draft_kv is malformed ({err})", _REEXPORT) from err
+    if draft.binding != BINDING_IO or draft.kinds() != (DRAFT_KIND,) or draft.max_context <= m.max_context:
+        raise BundleError(f"{path}: the eagle3 drafter's cache layout must be `io`, kind {DRAFT_KIND!r}, with more "
+                          f"slots than max_context {m.max_context}", _REEXPORT)
+    for name in ("drafter", EAGLE3_FC_GRAPH):
+        if name not in m.graphs:
+            raise BundleError(f"{path}: the eagle3 drafter entry has no {name!r} graph", _REEXPORT)
+    _same_io(f"{path}: drafter graph", m.graphs["drafter"].io,
+             eagle3_drafter_io(draft, m.hidden_size, d.draft_vocab_size))
+    _same_io(f"{path}: {EAGLE3_FC_GRAPH} graph", m.graphs[EAGLE3_FC_GRAPH].io,
+             eagle3_fc_io(len(d.aux_layers) * m.hidden_size, m.hidden_size))
 
 
 def _same_io(where: str, got: GraphIO, want: GraphIO) -> None:

@@ -164,23 +164,22 @@ def load(model: str = "smollm2-135m") -> LoadedModel:
 
 def refuse_speculators(folder: Path, raw: dict) -> None:
     """A Speculators folder (config.json's `speculators_model_type`) is not an MTP drafter: `edge_spec.load` /
-    `--drafter` run an eagle3 one eagerly (edge_spec.api), but what needs an MTP drafter (export to a bundle,
-    train-drafter --init, a bundle's eager sources) refuses it here, saying so, instead of misreading its config."""
+    `--drafter` run an eagle3 one eagerly and `export` writes it to an ONNX bundle (edge_spec.api), but what needs an
+    MTP drafter (train-drafter --init, ...) refuses it here, saying so, instead of misreading its config."""
     kind = raw.get("speculators_model_type") if isinstance(raw, dict) else None
     if kind is None:
         return
     if kind != "eagle3":
         raise ConfigError(f"{folder} is a Speculators {kind!r} drafter; edge-spec reads only Speculators' eagle3 "
-                          "format, and that on the eager runtime only so far (issue 48)",
+                          "format (eagerly and in ONNX bundles so far: issue 48)",
                           "use an EAGLE-3 drafter on the eager runtime (edge-spec generate --drafter FOLDER), or an "
                           "MTP drafter (--drafter builtin or an edge-spec train-drafter folder)")
-    raise ConfigError(f"{folder} is an EAGLE-3 drafter (Speculators' eagle3 format): EAGLE-3 drafters run on the "
-                      "eager runtime only so far (issue 48); exporting one to a bundle, or training from it, is not "
-                      "built (no drafter kind for it in the bundle's manifest, no graph exposing the target's aux "
-                      "states)",
-                      f"run it eagerly: edge-spec generate --model MODEL --drafter {folder} (Python: "
-                      "edge_spec.load(MODEL, drafter=FOLDER)); export the bundle without it (--drafter none) or with "
-                      "an MTP drafter (--drafter builtin, or a folder edge-spec train-drafter wrote)")
+    raise ConfigError(f"{folder} is an EAGLE-3 drafter (Speculators' eagle3 format): it runs eagerly and in ONNX "
+                      "bundles (issue 48), but what needs an MTP drafter (train-drafter --init / --teacher-forced, the "
+                      "ExecuTorch, Core ML and QNN formats) does not take it",
+                      f"run it eagerly (edge-spec generate --model MODEL --drafter {folder}) or export it to an ONNX "
+                      f"bundle (edge-spec export --model MODEL --drafter {folder} --format onnx); otherwise use an "
+                      "MTP drafter (--drafter builtin, or a folder edge-spec train-drafter wrote)")
 
 
 def load_drafter(folder: str | Path) -> Drafter:

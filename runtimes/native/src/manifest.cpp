@@ -80,6 +80,7 @@ Manifest from_json(const Json& d) {
   const Json& dr = d.get("drafter");
   if (!dr.is_null()) {
     DrafterEntry e;
+    if (dr.get("kind").is_string()) e.kind = dr.at("kind").as_string();
     e.name = dr.at("name").as_string();
     e.content_sha256 = dr.at("content_sha256").as_string();
     e.target_content_sha256 = dr.get("target_content_sha256").is_string() ? dr.at("target_content_sha256").as_string() : "";
@@ -194,6 +195,11 @@ void verify_contract(const Manifest& m, const std::string& path) {
                                std::to_string(m.layout.max_pass) + " tokens",
                            REEXPORT);
   }
+  if (m.drafter && m.drafter->kind != DRAFTER_MTP)  // before the graphs' IO: an eagle3 target has an extra output
+    throw bundle_error(path + ": the bundle's drafter is of kind '" + m.drafter->kind + "'; this native runner runs "
+                           "MTP drafters only (EAGLE-3 drafters run in the Python runtime so far, issue 48)",
+                       "run the bundle with the Python runtime (edge-spec generate --bundle B), or re-export it with "
+                       "an MTP drafter (--drafter builtin) or none (--drafter none)");
   const GraphIO& target = m.graphs.at("target").io;  // with or without LOGIT_ROWS (ONNX bundles before 2026-12-05)
   same_io(path + ": target graph", target, target_io(m.layout, m.vocab_size, m.hidden_size, has_logit_rows(target)));
   if (!m.drafter) {

@@ -33,7 +33,10 @@ struct GraphEntry {
   std::string method;  // the entry point inside `file` (ExecuTorch method); "" for the file itself
 };
 
+inline constexpr const char* DRAFTER_MTP = "mtp";  // edge_spec/contract/manifest.py MTP: the kind this runner runs
+
 struct DrafterEntry {
+  std::string kind = DRAFTER_MTP;  // "mtp" (reads the target's caches) | "eagle3" (issue 48: Python runtime only)
   std::string name;
   std::string content_sha256;
   std::string target_content_sha256;

@@ -1,0 +1,114 @@
+"""Lean ExecuTorch programs (exporters/executorch_quant.py): what constants a .pte holds. An 8da4w program keeps no
+fp32 array of the vocabulary table's size (the table is the 8-bit head's codes, read by
+quantized_decomposed::embedding_byte).
+
+Tiny random llama (tied table, a clustered drafter scoring with the target's table): the fp32 bundle is the
+session's (tests/conftest.py); the 8da4w one is exported here (~1 min).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from edge_spec.api import load_bundle
+from edge_spec.contract.backend import Session
+from edge_spec.exporters.executorch import PROGRAM_FILE, export_bundle
+from edge_spec.runtimes.torch import TorchBackend
+from tests.parity import chunked_logits, prompt_ids
+
+FLOAT32 = 6  # executorch's ScalarType.FLOAT
+ELEMENT_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 15: 2}  # ScalarType -> bytes
+
+
+class Constant(NamedTuple):
+    where: str  # "program" (a constant tensor of the program's methods) | "delegate" (XNNPACK's named data)
+    dtype: int | None  # executorch ScalarType (program constants); None for delegate data (raw bytes)
+    shape: tuple[int, ...] | None
+    nbytes: int
+
+
+def pte_constants(path: Path) -> list[Constant]:
+    """Every constant a .pte stores once: the program's constant tensors (deduplicated across methods by buffer
+    index) and the named data its delegates packed (XNNPACK's weights, keyed by content hash)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import Tensor
+
+    pte = deserialize_pte_binary(path.read_bytes())
+    seen = {}
+    for plan in pte.program.execution_plan:
+        for value in plan.values:
+            t = value.val
+            if isinstance(t, Tensor) and t.data_buffer_idx > 0 and t.allocation_info is None:
+                shape = tuple(t.sizes)
+                nbytes = int(np.prod(shape, dtype=np.int64)) * ELEMENT_BYTES.get(int(t.scalar_type), 4)
+                seen[t.data_buffer_idx] = Constant("program", int(t.scalar_type), shape, nbytes)
+    found = list(seen.values())
+    if pte.named_data is not None:
+        for entry in pte.named_data.pte_data.values():
+            found.append(Constant("delegate", None, None, len(pte.named_data.buffers[entry.buffer_index])))
+    return found
+
+
+@pytest.fixture(scope="module")
+def llama_8da4w(tiny_llama_pte_pair, tmp_path_factory):
+    _, target, drafter = tiny_llama_pte_pair
+    return export_bundle(target, tmp_path_factory.mktemp("lean") / "q", drafter=drafter, precision="8da4w",
+                         max_context=64), target, drafter
+
+
+def test_8da4w_program_holds_no_fp32_table(llama_8da4w):
+    """No fp32 constant with as many elements as a quarter of the table (an 8-bit table's scales are 1/H of it, a
+    4-bit one's scales and zero points 1/32 each), nothing larger than an 8-bit table anywhere (program or XNNPACK
+    data), and one table of codes, which the target's embedding and the drafter's gather both read."""
+    from edge_spec.exporters.executorch_quant import TABLE_BITS
+
+    folder, target, _ = llama_8da4w
+    v, h = target.config.vocab_size, target.config.hidden_size
+    constants = pte_constants(folder / PROGRAM_FILE)
+    fp32 = [c for c in constants if c.where == "program" and c.dtype == FLOAT32 and c.nbytes >= v * h]
+    assert not fp32, f"fp32 constants of table size: {fp32}"
+    assert max(c.nbytes for c in constants) <= v * h, sorted(constants, key=lambda c: -c.nbytes)[:3]
+    codes = [c for c in constants if c.where == "program" and c.shape == (v, h * TABLE_BITS // 8)]
+    assert len(codes) == 1, codes
+
+
+def test_8da4w_tables_keep_agreement_and_greedy_exactness(llama_8da4w):
+    """The quantized table and head: top-1 agreement with eager fp32 >= 0.85 on the tiny llama, verify rows ==
+    decode steps (one forward of the prompt vs one token at a time), greedy speculative == plain."""
+    folder, target, _ = llama_8da4w
+    engine = load_bundle(folder, threads=2)
+    ref = Session(TorchBackend(target.model, engine.session.state.layout))
+    ids = prompt_ids(24, seed=11)
+    a, b = engine.session.forward(ids).logits, ref.forward(ids).logits
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.85
+    engine.session.reset()
+    np.testing.assert_array_equal(chunked_logits(engine.session, ids[:8], 1), a[:8])
+    engine.session.reset()
+    plain = engine.generate(ids[:8], max_new_tokens=24, speculative=False)
+    assert engine.generate(ids[:8], max_new_tokens=24, spec_k=2).tokens == plain.tokens
+
+
+def test_native_runner_reads_the_quantized_table_as_python_does(llama_8da4w, tmp_path):
+    """The native runner (build/native, `make native`; it links executorch's kernels_quantized) on the 8da4w
+    bundle: plain and speculative greedy tokens == the Python runtime's."""
+    import json
+    import subprocess
+
+    from tests.test_native import BUILD, python_plain
+
+    binary = BUILD / "edge-spec-run"
+    if not binary.is_file():
+        pytest.skip(f"{binary} is not built (make native)")
+    folder = llama_8da4w[0]
+    ids = prompt_ids(8, seed=3)
+    want, _ = python_plain(folder, ids, n=24)
+    for flags in (["--no-spec"], []):
+        done = subprocess.run([str(binary), "--bundle", str(folder), "--prompt-ids", ",".join(map(str, ids)),
+                               "--max-new-tokens", "24", "--ignore-eos", "--threads", "2", "--json", *flags],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["tokens"] == want, flags
