@@ -98,7 +98,8 @@ def profile_genai(model_dir: str, tokens: int, threads: int) -> None:
     model = og.Model(str(work))
     tok = og.Tokenizer(model)
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=256, do_sample=False)
+    window = config["model"]["decoder"].get("sliding_window", {}).get("window_size", 0)  # gemma-3: a cache >= window
+    params.set_search_options(max_length=max(256, window), do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(tok.encode(PROMPT))
     for _ in range(tokens):
