@@ -349,7 +349,8 @@ def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int 
     if runtime != fmt.runtime:
         raise BundleError(f"{folder}: the {runtime} runtime does not run {manifest.format!r} bundles",
                           f"use --runtime {fmt.runtime} (or torch), or export with the format {runtime} runs")
-    check_memory(layout, folder)
+    own = manifest.drafter.draft_layout if manifest.drafter is not None and manifest.drafter.draft_kv else None
+    check_memory(layout, folder, drafter=own)  # an EAGLE-3 drafter's own cache counts too
     backend, runner = runtime_for(manifest.format).open_bundle(folder, manifest, layout, threads=check_threads(threads), spin=spin,
                                                                **options)
     engine = Engine(session=Session(backend), tokenizer=Tokenizer(folder), stop_ids=frozenset(manifest.eos_token_ids),

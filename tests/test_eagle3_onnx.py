@@ -205,3 +205,17 @@ def test_mtp_bundles_are_unchanged(tiny_bundles):
     assert kv.AUX_HIDDEN not in [o["name"] for o in raw["graphs"]["target"]["outputs"]]
     m = read_manifest(folder)
     assert m.drafter.kind == "mtp" and "drafter_fc" not in m.graphs
+
+
+def test_the_memory_check_counts_the_drafters_own_cache(exported):
+    from edge_spec.contract.manifest_check import check_memory, kv_cache_bytes
+
+    folder, _ = exported
+    manifest = read_manifest(folder)
+    draft = manifest.drafter.draft_layout
+    target_only = kv_cache_bytes(manifest.layout)
+    assert check_memory(manifest.layout, folder, available=target_only, drafter=None) == target_only
+    with pytest.raises(BundleError, match="the drafter's own included"):
+        check_memory(manifest.layout, folder, available=target_only, drafter=draft)
+    total = target_only + kv_cache_bytes(draft)
+    assert check_memory(manifest.layout, folder, available=total, drafter=draft) == total

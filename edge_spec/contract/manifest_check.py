@@ -109,12 +109,15 @@ def available_memory() -> int | None:
         return None
 
 
-def check_memory(layout: KVLayout, folder: Path, available: int | None = None) -> int:
-    """Refuse a layout whose KV cache would not fit the memory this machine has free; returns its bytes."""
-    need = kv_cache_bytes(layout)
+def check_memory(layout: KVLayout, folder: Path, available: int | None = None,
+                 drafter: KVLayout | None = None) -> int:
+    """Refuse a layout whose KV cache (with `drafter`'s own, an EAGLE-3 drafter's) would not fit the memory this
+    machine has free; returns its bytes."""
+    need = kv_cache_bytes(layout) + (kv_cache_bytes(drafter) if drafter is not None else 0)
     have = available_memory() if available is None else available
     if have is not None and need > have:
-        raise BundleError(f"{folder}: a KV cache of {layout.max_context} tokens takes {need / 2**30:.1f} GiB, more "
+        whose = " (the drafter's own included)" if drafter is not None else ""
+        raise BundleError(f"{folder}: a KV cache of {layout.max_context} tokens{whose} takes {need / 2**30:.1f} GiB, more "
                           f"than this machine's {have / 2**30:.1f} GiB free",
                           "pass a smaller --max-context, or re-export the bundle with a smaller --max-context")
     return need
