@@ -119,7 +119,10 @@ class Program(nn.Module):
             else:  # [1, T, H_kv, D] into [1, S, H_kv, D]
                 torch.ops.llama.update_cache_with_indices(rows.transpose(1, 2), buffer, 0, slots.view(1, t))
 
-    def target_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *masks: torch.Tensor):
+    def target_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *rest: torch.Tensor):
+        """(ids, positions [1, T], a mask per kind, logit rows [R]) -> logits [1, R, V], hidden [1, R, H] (kv.target_io
+        with logit_rows: a prefill chunk asks for its last row only, so the head runs on one row)."""
+        masks, logit_rows = rest[:len(self.kinds)], rest[len(self.kinds)]
         t = input_ids.shape[1]
         bound = {kind: m.shape[-1] - t for kind, m in zip(self.kinds, masks)}  # slots attended per kind
         if self.attention == "sdpa":  # full layers attend causally over slots [0, start + T): slot == position
@@ -143,7 +146,7 @@ class Program(nn.Module):
             return out.reshape(1, t, -1)  # [1, T, H * D]
 
         out = self.target(input_ids, position_ids, dict(zip(self.kinds, masks)), [], [],
-                          form=State(attend, Slots(self.ring)), ops=self.ops)
+                          form=State(attend, Slots(self.ring)), ops=self.ops, rows=logit_rows)
         return out.logits, out.hidden
 
     def drafter_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
@@ -199,8 +202,10 @@ def export_target_method(program: Program):
     else:  # sdpa reads no mask width on full layers: declare it, or export would specialise the unused dim
         cols = {kind: torch.export.Dim(f"cols_{kind}", min=2, max=layout.slots(kind) + layout.max_pass)
                 for kind in program.kinds}
-    dynamic = ({1: t_dim}, {1: t_dim}, tuple({2: t_dim, 3: cols[kind]} for kind in program.kinds))
-    return _export(program, program.target_forward, (ids, pos, *masks), dynamic, "target")
+    rows = torch.tensor([0, t - 1])  # [R], R != T: neither dim specialised to the other
+    r_dim = torch.export.Dim(kv.R_DIM, min=1, max=layout.max_pass)
+    dynamic = ({1: t_dim}, {1: t_dim}, (*({2: t_dim, 3: cols[kind]} for kind in program.kinds), {0: r_dim}))  # *rest
+    return _export(program, program.target_forward, (ids, pos, *masks, rows), dynamic, "target")
 
 
 def export_drafter_method(program: Program):
@@ -284,7 +289,8 @@ def _write(job: bundle.ExportJob, *, attention: str) -> tuple[dict, dict]:
     gc.collect()
     (job.tmp / PTE_DIR).mkdir()
     (job.tmp / PROGRAM_FILE).write_bytes(data)
-    graphs = {"target": GraphEntry(PROGRAM_FILE, job.precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size),
+    graphs = {"target": GraphEntry(PROGRAM_FILE, job.precision,
+                                   kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, logit_rows=True),
                                    method=TARGET_METHOD)}
     if job.drafter is not None:
         io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size, job.drafter.cfg.candidates_per_step,

@@ -93,7 +93,8 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     import executorch
 
     identity = f"executorch {getattr(executorch, '__version__', '1.5.1')}, XNNPACK, {count} threads"
-    backend = ExecutorchBackend(program, target, layout, manifest.vocab_size, manifest.hidden_size, identity)
+    backend = ExecutorchBackend(program, target, layout, manifest.vocab_size, manifest.hidden_size, identity,
+                                kv.has_logit_rows(entry.io))
     if manifest.drafter is None:
         return backend, None
     d = manifest.graphs["drafter"]
@@ -107,8 +108,10 @@ class ExecutorchBackend:
 
     name = "executorch"
 
-    def __init__(self, program, method, layout: KVLayout, vocab_size: int, hidden_size: int, identity: str):
+    def __init__(self, program, method, layout: KVLayout, vocab_size: int, hidden_size: int, identity: str,
+                 logit_rows: bool = False):
         self.program, self.method, self.layout = program, method, layout  # the program must outlive its methods
+        self.logit_rows = logit_rows  # the method takes kv.LOGIT_ROWS (programs exported since 2026-12-05)
         self.vocab, self.hidden_size = vocab_size, hidden_size
         self.identity = identity  # what kernels run: part of the host check's cache key
         self.bucket = {kind: kv.bucket_slots(0, layout.slots(kind), BUCKET) for kind in layout.kinds()}
@@ -129,10 +132,14 @@ class ExecutorchBackend:
             b = self.bucket[kind] = kv.bucket_slots(min(s, n_cached + t), s, BUCKET)
             mask = masks[kind]
             inputs.append(torch.from_numpy(np.concatenate([mask[..., :b], mask[..., s:]], axis=-1)))
+        last = last_only and t > 1 and self.logit_rows  # the method runs the head on the last row only
+        if self.logit_rows:  # [R]: T - 1 alone, or every row
+            inputs.append(torch.tensor([t - 1]) if last else torch.arange(t))
         start = time.perf_counter()
         logits, hidden = self.method.execute(inputs)
         self.kernel_s += time.perf_counter() - start
-        rows = slice(t - 1, t) if last_only else slice(0, t)
+        r = logits.shape[1]  # rows returned
+        rows = slice(r - 1, r) if last_only else slice(0, r)
         return StepOutput(logits[0, rows].numpy().copy(), hidden[0, rows].numpy().copy())
 
     def commit(self, plan: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:

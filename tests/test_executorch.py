@@ -41,7 +41,7 @@ def test_manifest_records_one_program_with_two_methods_and_state_rings(llama, ge
     assert (m.format, m.binding, m.layout.binding, m.precision) == ("executorch", "state", "state", "fp32")
     assert {g.file for g in m.graphs.values()} == {PROGRAM_FILE}
     assert (m.graphs["target"].method, m.graphs["drafter"].method) == (TARGET_METHOD, DRAFTER_METHOD)
-    assert [t.name for t in m.graphs["target"].io.inputs] == ["input_ids", "position_ids", "mask.full"]
+    assert [t.name for t in m.graphs["target"].io.inputs] == ["input_ids", "position_ids", "mask.full", "logit_rows"]
     assert not m.tables  # the drafter reads the target's table inside the program
     g = read_manifest(gemma[0])
     assert g.layout.max_pass == 9 and g.layout.slots(kv.SLIDING) == 6 + 9  # W + max_pass under `state`

@@ -112,3 +112,31 @@ def test_native_runner_reads_the_quantized_table_as_python_does(llama_8da4w, tmp
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["tokens"] == want, flags
+
+
+def test_a_prefill_chunk_asks_the_method_for_its_last_row_only(tiny_llama_pte_pair):
+    """kv.LOGIT_ROWS in the target method: a prefill chunk's head runs on its last row; that row == the same row of an
+    every-row pass, and prefill returns it."""
+    folder, _, _ = tiny_llama_pte_pair
+    backend = load_bundle(folder, host_check=False).session.backend
+    assert backend.logit_rows
+    returned = []  # the logits shape of each call
+
+    class Spy:
+        def __init__(self, method):
+            self.method = method
+
+        def execute(self, inputs):
+            out = self.method.execute(inputs)
+            returned.append(tuple(out[0].shape))
+            return out
+
+    backend.method = Spy(backend.method)
+    session = Session(backend)
+    tokens = prompt_ids(7)
+    every = session.forward(tokens)
+    last = session.forward(tokens, last_only=True)
+    vocab = every.logits.shape[-1]
+    assert returned == [(1, 7, vocab), (1, 1, vocab)]
+    np.testing.assert_allclose(last.logits[0], every.logits[-1], rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(session.prefill(tokens).logits, last.logits)

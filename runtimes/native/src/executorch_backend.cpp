@@ -73,7 +73,7 @@ class ExecutorchBackend : public Backend {
  public:
   ExecutorchBackend(std::shared_ptr<Program> program, std::string method, const Manifest& m, std::string identity)
       : program_(std::move(program)), method_(std::move(method)), layout_(m.layout), vocab_(m.vocab_size),
-        hidden_(m.hidden_size), identity_(std::move(identity)) {}
+        hidden_(m.hidden_size), identity_(std::move(identity)), logit_rows_(has_logit_rows(m.graphs.at("target").io)) {}
 
   const KVLayout& layout() const override { return layout_; }
   int vocab_size() const override { return vocab_; }
@@ -92,6 +92,13 @@ class ExecutorchBackend : public Backend {
       const int b = bucket_slots(int(std::min<int64_t>(s, n_cached + t)), s, ET_BUCKET);
       keep.push_back(sliced_mask(masks.at(kind), s, b));
     }
+    const bool last = last_only && t > 1 && logit_rows_;  // the method runs the head on the last row only
+    if (logit_rows_) {  // LOGIT_ROWS [R]: T - 1 alone, or every row
+      std::vector<int64_t> rows;
+      for (int i = last ? t - 1 : 0; i < t; ++i) rows.push_back(i);
+      const int64_t r = int64_t(rows.size());
+      keep.push_back(make_tensor_ptr({r}, std::move(rows)));
+    }
     std::vector<EValue> inputs;
     for (auto& p : keep) inputs.emplace_back(*p);
     const double start = now_s();
@@ -100,15 +107,16 @@ class ExecutorchBackend : public Backend {
     if (!result.ok())
       throw backend_error(program_->path + ": method '" + method_ + "' failed (" + error_text(result.error()) + ")",
                           "check the bundle with `edge-spec check --bundle B`; " + std::string(FIX));
-    const auto& logits = result.get()[0].toTensor();  // [1, T, V]; aliases the arena: copy now
-    const auto& hidden = result.get()[1].toTensor();  // [1, T, H]
-    const int first = last_only ? t - 1 : 0;
+    const auto& logits = result.get()[0].toTensor();  // [1, R, V] (R = T, or 1: `last`); aliases the arena: copy now
+    const auto& hidden = result.get()[1].toTensor();  // [1, R, H]
+    const int r = last ? 1 : t;
+    const int first = last_only ? r - 1 : 0;
     StepOutput out;
-    out.rows = t - first;
+    out.rows = r - first;
     const float* lp = logits.const_data_ptr<float>();
     const float* hp = hidden.const_data_ptr<float>();
-    out.logits.assign(lp + size_t(first) * vocab_, lp + size_t(t) * vocab_);
-    out.hidden.assign(hp + size_t(first) * hidden_, hp + size_t(t) * hidden_);
+    out.logits.assign(lp + size_t(first) * vocab_, lp + size_t(r) * vocab_);
+    out.hidden.assign(hp + size_t(first) * hidden_, hp + size_t(r) * hidden_);
     return out;
   }
 
@@ -121,6 +129,7 @@ class ExecutorchBackend : public Backend {
   KVLayout layout_;
   int vocab_, hidden_;
   std::string identity_;
+  bool logit_rows_;  // the method takes LOGIT_ROWS (programs exported since 2026-12-05)
 };
 
 class ExecutorchDrafter : public DrafterBackend {
