@@ -243,14 +243,36 @@ def test_damaged_onnx_bundles_and_other_formats_are_refused(ort_native, llama_on
     assert "has no runtime for 'coreml' bundles (it runs executorch, onnx and qnn bundles)" in err and "fix:" in err
 
 
-def test_an_eagle3_bundle_is_refused_by_kind(ort_native, tiny_llama, tmp_path):
-    """EAGLE-3 drafters run in the Python runtime only so far (issue 48): the runner names the drafter's kind before
-    the graphs' IO (whose extra aux_hidden output would otherwise be the first complaint)."""
+def test_eagle3_bundles_the_runner_cannot_run_are_refused(ort_native, tiny_llama, tmp_path):
+    """EAGLE-3 drafters run in onnx bundles (tests/test_native_eagle3.py); one in another format's bundle (an onnx
+    eagle3 manifest relabelled qnn: valid otherwise) is refused naming the format and the fix, as read_manifest refuses
+    it, and so is an eagle3 bundle whose target graph does not return the aux states the drafter reads."""
     from edge_spec.contract.bundle import export_bundle
+    from edge_spec.contract.manifest import read_manifest
+    from edge_spec.errors import BundleError
     from tests.test_eagle3_speculative import drafter_for
 
     target = checkpoints.load(str(tiny_llama[0]))
     folder = export_bundle(target, tmp_path / "eagle3", format="onnx", drafter=drafter_for(target), max_context=64,
                            exporter="torchscript")
-    err = _refusal(ort_native, folder)
-    assert "drafter is of kind 'eagle3'" in err and "MTP drafters only" in err and "fix:" in err
+
+    def edited(name, edit):
+        copy = tmp_path / name
+        shutil.copytree(folder, copy)
+        raw = json.loads((copy / MANIFEST).read_text())
+        edit(raw)
+        (copy / MANIFEST).write_text(json.dumps(raw))
+        return copy
+
+    qnn = edited("qnn", lambda raw: raw.update(format="qnn", precision="16a8w"))
+    err = _refusal(ort_native, qnn)
+    assert "an eagle3 drafter in a qnn bundle" in err and "fix: re-export with --format onnx" in err
+    with pytest.raises(BundleError, match="an eagle3 drafter in a qnn bundle"):
+        read_manifest(qnn)
+
+    def drop_aux(raw):
+        outs = raw["graphs"]["target"]["outputs"]
+        outs[:] = [o for o in outs if o["name"] != "aux_hidden"]
+
+    err = _refusal(ort_native, edited("no-aux", drop_aux))
+    assert "the target graph has no aux_hidden output" in err and "--drafter EAGLE3_FOLDER" in err

@@ -54,6 +54,7 @@ inline const char* const USAGE =
     "tests only (edge-spec-run-test, the test build; edge-spec-run has no such flags):\n"
     "  --test-oracle-drafts IDS --test-wrong never|always|third|random\n"
     "                          replace the drafter by one proposing IDS (the known continuation), wrong where told\n"
+    "  --test-accept-all       a wrong verifier that keeps every draft (the drafter's accepted rows exercised)\n"
 #endif
     ;
 
@@ -148,6 +149,7 @@ inline Args parse(int argc, char** argv, bool request = false) {
 #ifdef ES_TEST_HOOKS
     else if (f == "--test-oracle-drafts") a.oracle_ids = value();
     else if (f == "--test-wrong") a.wrong = value();
+    else if (f == "--test-accept-all") a.gen.accept_all = true;
 #endif
     else if (request)
       usage_error("unknown option " + es::shown_text(f), "a --requests line takes generation flags: --prompt-ids "

@@ -171,7 +171,8 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, const GenerateOp
     g.result = generate_plain(*session_, prompt, o.max_new_tokens, o.sampling, rng, stop_ids, on_token);
     return g;
   }
-  SpecOptions spec{o.spec_k, o.adaptive, o.min_confidence, o.lookup, o.datastore ? datastore_.get() : nullptr};
+  SpecOptions spec{o.spec_k, o.adaptive, o.min_confidence, o.lookup, o.datastore ? datastore_.get() : nullptr,
+                   o.accept_all};
   DrafterBackend& drafter = o.drafter ? *o.drafter : *drafter_;
   g.result = generate_speculative(*session_, drafter, prompt, o.max_new_tokens, o.sampling, rng, stop_ids,
                                   manifest_.vocab_size, spec, on_token);

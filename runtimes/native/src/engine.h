@@ -50,6 +50,7 @@ struct GenerateOptions {
   // A drafter standing in for the bundle's (null: the bundle's own), speculating even where the bundle has none;
   // the caller owns it. The test build's oracle drafter (test_hooks.h, edge-spec-run-test) is the one user.
   DrafterBackend* drafter = nullptr;
+  bool accept_all = false;  // the test build's --test-accept-all (SpecOptions::accept_all): a wrong verifier
 };
 
 struct Generation {

@@ -88,6 +88,15 @@ Manifest from_json(const Json& d) {
       e.kv_sharing[kv.first] = int(kv.second.as_int());
     e.head_from = dr.get("head_from").is_string() ? dr.at("head_from").as_string() : "drafter";
     e.candidates_per_step = dr.get("candidates_per_step").is_number() ? int(dr.at("candidates_per_step").as_int()) : 0;
+    if (dr.get("aux_layers").is_array())
+      for (const auto& id : dr.at("aux_layers").as_array()) e.aux_layers.push_back(int(id.as_int()));
+    e.draft_vocab_size = dr.get("draft_vocab_size").is_number() ? int(dr.at("draft_vocab_size").as_int()) : 0;
+    if (dr.get("draft_kv").is_object()) {
+      try {
+        e.draft_kv = layout_from_json(dr.at("draft_kv"));
+      } catch (const JsonError&) {  // left unset: verify_contract refuses it as malformed
+      }
+    }
     m.drafter = e;
   }
   const Json& kv = d.at("kv");
@@ -165,6 +174,63 @@ void same_io(const std::string& where, const GraphIO& got, const GraphIO& want) 
   }
 }
 
+// manifest.py _check_aux: the target graph returns AUX_HIDDEN exactly when the drafter is an eagle3 one, as wide as
+// its aux layers; a drafter kind this runner does not know is refused.
+void check_aux(const Manifest& m, const GraphIO& target, const std::string& path) {
+  const std::string kind = m.drafter ? m.drafter->kind : "";
+  if (m.drafter && kind != contract::DRAFTER_MTP && kind != contract::DRAFTER_EAGLE3)
+    throw bundle_error(path + ": drafter kind '" + kind + "' is not one this edge-spec runs (" + contract::DRAFTER_MTP +
+                           ", " + contract::DRAFTER_EAGLE3 + ")",
+                       std::string("update edge-spec, or ") + REEXPORT);
+  const int got = aux_size(target);
+  const int need = m.drafter && m.drafter->is_eagle3() ? int(m.drafter->aux_layers.size()) * m.hidden_size : 0;
+  if (need && !got) {
+    std::string layers;
+    for (int id : m.drafter->aux_layers) layers += (layers.empty() ? "" : ", ") + std::to_string(id);
+    throw bundle_error(path + ": the eagle3 drafter reads the target's hidden states at layers [" + layers +
+                           "], but the target graph has no " + contract::AUX_HIDDEN + " output",
+                       "re-export the pair with this edge-spec: edge-spec export --model M --drafter EAGLE3_FOLDER "
+                       "(the target graph then returns them)");
+  }
+  if (got != need) {
+    const std::string has = need ? "an eagle3 drafter reading " + std::to_string(need / m.hidden_size) + " aux layers"
+                                 : std::string("no eagle3 drafter");
+    throw bundle_error(path + ": the target graph returns " + contract::AUX_HIDDEN + " of width " +
+                           std::to_string(got) + ", but the bundle has " + has + " (width " + std::to_string(need) + ")",
+                       REEXPORT);
+  }
+}
+
+// manifest.py _verify_eagle3: a format whose native backend runs it (onnx), no kv_sharing, its own `io` cache layout
+// of kind DRAFT_KIND with more slots than max_context, and its two graphs' IO.
+void verify_eagle3(const Manifest& m, const std::string& path) {
+  const DrafterEntry& d = *m.drafter;
+  if (m.format != contract::FORMAT_ONNX)
+    throw bundle_error(path + ": an eagle3 drafter in a " + m.format + " bundle; edge-spec runs eagle3 drafters in " +
+                           contract::FORMAT_ONNX + " bundles only so far (the native runner too)",
+                       std::string("re-export with --format ") + contract::FORMAT_ONNX);
+  if (!d.kv_sharing.empty() || !m.raw.at("drafter").get("draft_kv").is_object() || d.draft_vocab_size <= 0 ||
+      d.draft_vocab_size > m.vocab_size)
+    throw bundle_error(path + ": the eagle3 drafter entry needs draft_kv, draft_vocab_size in [1, " +
+                           std::to_string(m.vocab_size) + "] and no kv_sharing",
+                       REEXPORT);
+  if (!d.draft_kv) throw bundle_error(path + ": the eagle3 drafter's draft_kv is malformed", REEXPORT);
+  const KVLayout& draft = *d.draft_kv;
+  const std::vector<std::string> kinds = draft.kinds();
+  if (draft.binding != BINDING_IO || kinds.size() != 1 || kinds[0] != contract::DRAFT_KIND ||
+      draft.max_context <= m.max_context())
+    throw bundle_error(path + ": the eagle3 drafter's cache layout must be `io`, kind '" + contract::DRAFT_KIND +
+                           "', with more slots than max_context " + std::to_string(m.max_context()),
+                       REEXPORT);
+  for (const std::string& name : {std::string("drafter"), std::string(contract::EAGLE3_FC_GRAPH)})
+    if (!m.graphs.count(name))
+      throw bundle_error(path + ": the eagle3 drafter entry has no '" + name + "' graph", REEXPORT);
+  same_io(path + ": drafter graph", m.graphs.at("drafter").io,
+          eagle3_drafter_io(draft, m.hidden_size, d.draft_vocab_size));
+  same_io(path + ": " + contract::EAGLE3_FC_GRAPH + " graph", m.graphs.at(contract::EAGLE3_FC_GRAPH).io,
+          eagle3_fc_io(int(d.aux_layers.size()) * m.hidden_size, m.hidden_size));
+}
+
 void verify_contract(const Manifest& m, const std::string& path) {
   const contract::FormatRow* fmt = nullptr;
   std::string names;
@@ -195,19 +261,17 @@ void verify_contract(const Manifest& m, const std::string& path) {
                                std::to_string(m.layout.max_pass) + " tokens",
                            REEXPORT);
   }
-  if (m.drafter && m.drafter->kind != DRAFTER_MTP)  // before the graphs' IO: an eagle3 target has an extra output
-    throw bundle_error(path + ": the bundle's drafter is of kind '" + m.drafter->kind + "'; this native runner runs "
-                           "MTP drafters only (EAGLE-3 drafters run in the Python runtime so far, issue 48)",
-                       "run the bundle with the Python runtime (edge-spec generate --bundle B), or re-export it with "
-                       "an MTP drafter (--drafter builtin) or none (--drafter none)");
   const GraphIO& target = m.graphs.at("target").io;  // with or without LOGIT_ROWS (ONNX bundles before 2026-12-05)
-  same_io(path + ": target graph", target, target_io(m.layout, m.vocab_size, m.hidden_size, has_logit_rows(target)));
+  check_aux(m, target, path);  // before the graphs' IO: an eagle3 target has an extra output
+  same_io(path + ": target graph", target,
+          target_io(m.layout, m.vocab_size, m.hidden_size, has_logit_rows(target), aux_size(target)));
   if (!m.drafter) {
     if (m.graphs.count("drafter"))
       throw bundle_error(path + ": a drafter graph is listed without a drafter entry", REEXPORT);
     return;
   }
   const DrafterEntry& d = *m.drafter;
+  if (d.is_eagle3()) return verify_eagle3(m, path);
   if (d.target_content_sha256 != m.target_content_sha256)
     throw bundle_error(path + ": the drafter was exported for target " + d.target_content_sha256.substr(0, 12) +
                            ", this bundle's target is " + m.target_content_sha256.substr(0, 12) +
@@ -269,7 +333,43 @@ bool has_logit_rows(const GraphIO& io) {  // kv.has_logit_rows
   return false;
 }
 
-GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size, bool logit_rows) {
+bool DrafterEntry::is_eagle3() const { return kind == contract::DRAFTER_EAGLE3; }
+
+int aux_size(const GraphIO& io) {  // kv.aux_size
+  for (const auto& s : io.outputs)
+    if (s.name == contract::AUX_HIDDEN && !s.shape.empty() &&
+        s.shape.back().find_first_not_of("0123456789") == std::string::npos && !s.shape.back().empty())
+      return std::stoi(s.shape.back());
+  return 0;
+}
+
+GraphIO eagle3_drafter_io(const KVLayout& draft, int hidden, int draft_vocab) {  // kv.eagle3_drafter_io
+  using namespace contract;
+  const std::string h = std::to_string(hidden), s = slots_dim(DRAFT_KIND), vd = std::to_string(draft_vocab);
+  GraphIO io;
+  io.inputs = {spec(INPUT_IDS, "int64", {"1", T_DIM}), spec(HIDDEN, "float32", {"1", T_DIM, h}),
+               spec(POSITION_IDS, "int64", {"1", T_DIM}),
+               spec(DRAFT_MASK, "float32", {"1", "1", T_DIM, mask_cols_dim(DRAFT_KIND)})};
+  for (const auto& c : draft.caches)
+    for (const std::string& n : {draft_k_cache_name(c.layer), draft_v_cache_name(c.layer)})
+      io.inputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), s, std::to_string(c.head_dim)}));
+  io.outputs = {spec(DRAFT_TOKEN_IDS, "int64", {vd}), spec(DRAFT_LOGITS, "float32", {vd}),
+                spec(DRAFT_HIDDEN, "float32", {"1", "1", h})};
+  for (const auto& c : draft.caches)
+    for (const std::string& n : {draft_k_new_name(c.layer), draft_v_new_name(c.layer)})
+      io.outputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), T_DIM, std::to_string(c.head_dim)}));
+  return io;
+}
+
+GraphIO eagle3_fc_io(int aux_width, int hidden) {  // kv.eagle3_fc_io
+  using namespace contract;
+  GraphIO io;
+  io.inputs = {spec(AUX_HIDDEN, "float32", {"1", T_DIM, std::to_string(aux_width)})};
+  io.outputs = {spec(FUSED_HIDDEN, "float32", {"1", T_DIM, std::to_string(hidden)})};
+  return io;
+}
+
+GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size, bool logit_rows, int aux_size) {
   using namespace contract;
   GraphIO io;
   const std::string r = logit_rows ? R_DIM : T_DIM;  // rows with logits
@@ -278,6 +378,7 @@ GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size, bool 
     io.inputs.push_back(spec(mask_name(kind), "float32", {"1", "1", T_DIM, mask_cols_dim(kind)}));
   io.outputs = {spec(LOGITS, "float32", {"1", r, std::to_string(vocab_size)}),
                 spec(HIDDEN, "float32", {"1", r, std::to_string(hidden_size)})};
+  if (aux_size) io.outputs.push_back(spec(AUX_HIDDEN, "float32", {"1", T_DIM, std::to_string(aux_size)}));
   if (layout.binding == BINDING_IO || layout.binding == BINDING_SHARED) {
     for (const auto& c : layout.caches)
       for (const std::string& n : {k_cache_name(c.layer), v_cache_name(c.layer)})

@@ -33,16 +33,23 @@ struct GraphEntry {
   std::string method;  // the entry point inside `file` (ExecuTorch method); "" for the file itself
 };
 
-inline constexpr const char* DRAFTER_MTP = "mtp";  // edge_spec/contract/manifest.py MTP: the kind this runner runs
-
+// The drafter kinds (edge_spec/contract/manifest.py MTP, EAGLE3; contract_names.h): contract::DRAFTER_MTP reads the
+// target's caches; contract::DRAFTER_EAGLE3 reads the target's aux states (AUX_HIDDEN) and keeps its own cache (onnx
+// bundles: ort_backend.cpp).
 struct DrafterEntry {
-  std::string kind = DRAFTER_MTP;  // "mtp" (reads the target's caches) | "eagle3" (issue 48: Python runtime only)
+  std::string kind = contract::DRAFTER_MTP;  // the JSON's "kind" (absent: MTP)
   std::string name;
   std::string content_sha256;
   std::string target_content_sha256;
   std::map<std::string, int> kv_sharing;  // kind -> target layer whose cache it reads
   std::string head_from;
   int candidates_per_step = 0;
+  // eagle3 only (absent for MTP): the target layers whose residual streams it reads (AUX_HIDDEN), its candidates per
+  // step (Vd), and its own cache layout (kind contract::DRAFT_KIND, `io` binding; absent or malformed: not set)
+  std::vector<int> aux_layers;
+  int draft_vocab_size = 0;
+  std::optional<KVLayout> draft_kv;
+  bool is_eagle3() const;
 };
 
 struct FileEntry {
@@ -78,8 +85,13 @@ constexpr const char* MANIFEST_FILE = "manifest.json";
 Manifest read_manifest(const std::string& folder, bool verify_checksums = true);
 
 // The KV contract's IO tables (edge_spec/contract/kv.py target_io / drafter_io), for the check and for the backends.
-GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size, bool logit_rows = false);
+// aux_size (n * Ht; 0: none): the target also returns AUX_HIDDEN [1, T, aux_size] after HIDDEN (eagle3 drafters).
+GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size, bool logit_rows = false, int aux_size = 0);
 bool has_logit_rows(const GraphIO& io);  // a target graph taking LOGIT_ROWS returns logits / hidden of those rows
+int aux_size(const GraphIO& io);         // kv.aux_size: the width of the target's AUX_HIDDEN output (0: none)
+// kv.eagle3_drafter_io / kv.eagle3_fc_io: an eagle3 drafter's step graph over its own cache layout `draft`, its fc graph
+GraphIO eagle3_drafter_io(const KVLayout& draft, int hidden, int draft_vocab);
+GraphIO eagle3_fc_io(int aux_width, int hidden);
 // table_bits: the shared table's quantized form, 8 or 4 (0: float32; kv.table_specs)
 GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
                    int target_hidden, int candidates, bool output_table, bool tables, int table_bits = 0);

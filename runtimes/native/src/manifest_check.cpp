@@ -137,6 +137,17 @@ void check_drafter(const Fields& f, const Json& d) {
   f.string(d, "target_content_sha256", "drafter.target_content_sha256", /*nullable=*/true);
   f.string(d, "head_from", "drafter.head_from", /*nullable=*/true);
   f.optional_integer(d, "candidates_per_step", "drafter.candidates_per_step", 1, I32);
+  f.string(d, "kind", "drafter.kind", /*nullable=*/true);  // eagle3 drafters' fields (absent for MTP ones)
+  f.optional_integer(d, "draft_vocab_size", "drafter.draft_vocab_size", 0, I32);
+  const Json* aux = f.member(d, "aux_layers");
+  if (aux && !aux->is_null()) {
+    if (!aux->is_array()) f.fail("drafter.aux_layers", aux, "a list of layer ids");
+    for (size_t i = 0; i < aux->as_array().size(); ++i)
+      f.integer(&aux->as_array()[i], "drafter.aux_layers[" + std::to_string(i) + "]", 0, I32);
+  }
+  const Json* draft_kv = f.member(d, "draft_kv");
+  if (draft_kv && !draft_kv->is_null() && !draft_kv->is_object())
+    f.fail("drafter.draft_kv", draft_kv, "a KV layout object or null");
   const Json* sharing = f.member(d, "kv_sharing");
   if (sharing && !sharing->is_null()) {
     if (!sharing->is_object()) f.fail("drafter.kv_sharing", sharing, "an object {kind: layer}");
@@ -276,9 +287,13 @@ uint64_t available_memory() {
 
 void check_memory(const Manifest& m, const std::string& path, uint64_t available) {
   const uint64_t have = available ? available : available_memory();
-  const double kv = kv_cache_bytes(m.layout), tables = table_bytes(m);
+  // an eagle3 drafter's own cache too (manifest_check.py check_memory's `drafter`): max_context + 1 slots a layer
+  const bool own = m.drafter && m.drafter->draft_kv;
+  const double kv = kv_cache_bytes(m.layout) + (own ? kv_cache_bytes(*m.drafter->draft_kv) : 0.0);
+  const double tables = table_bytes(m);
   if (have == 0 || kv + tables <= double(have)) return;
   throw bundle_error(path + ": max_context " + std::to_string(m.max_context()) + " needs a KV cache of " + gib(kv) +
+                         (own ? " (the drafter's own included)" : "") +
                          (tables > 0 ? " and " + gib(tables) + " of tables" : std::string()) +
                          ", more than this machine's " + gib(double(have)) + " available",
                      "re-export the bundle with a smaller --max-context (edge-spec export ... --max-context N), or "

@@ -19,6 +19,7 @@
 #include <onnxruntime_cxx_api.h>
 
 #include "contract_names.h"
+#include "eagle3.h"
 #include "errors.h"
 #include "io_caches.h"
 #include "ort_common.h"
@@ -151,7 +152,7 @@ class OrtBackend : public Backend {
         vocab_(m.vocab_size), hidden_(m.hidden_size), identity_(std::move(identity)),
         shared_(m.binding == BINDING_SHARED), caches(m.layout, ORT_BUCKET, shared_ ? SHARED_SPARE_SLOTS : 0),
         in_names_(io_names(m.graphs.at("target").io.inputs)), out_names_(io_names(m.graphs.at("target").io.outputs)),
-        logit_rows_(has_logit_rows(m.graphs.at("target").io)) {
+        logit_rows_(has_logit_rows(m.graphs.at("target").io)), aux_width(aux_size(m.graphs.at("target").io)) {
     k_new_.resize(layout_.caches.size());
     v_new_.resize(layout_.caches.size());
   }
@@ -211,6 +212,10 @@ class OrtBackend : public Backend {
     }
     out.emplace(LOGITS, tensor(rt_->cpu, logits.data(), {1, r, vocab_}));    // [1, R, V]
     out.emplace(HIDDEN, tensor(rt_->cpu, hiddens.data(), {1, r, hidden_}));  // [1, R, H]
+    if (aux_width) {  // an eagle3 bundle's target: AUX_HIDDEN [1, T, n * H], every row (LOGIT_ROWS or not)
+      aux_.resize(size_t(t) * size_t(aux_width));
+      out.emplace(AUX_HIDDEN, tensor(rt_->cpu, aux_.data(), {1, t, int64_t(aux_width)}));
+    }
     for (size_t i = 0; i < layout_.caches.size(); ++i) {
       const CacheSpec& c = layout_.caches[i];
       const int64_t h = c.num_kv_heads, b = caches.bucket(c.kind), d = c.head_dim;
@@ -231,6 +236,7 @@ class OrtBackend : public Backend {
     ort::run(session_, in_names_, in, out_names_, out, path_, RUN_FIX);
     kernel_s += now_s() - start;
     pending_ = t;
+    if (aux_record) aux_record->record(ids_.data(), positions_.data(), aux_.data(), t);
     result.rows = direct ? r : 1;
     if (!direct) {
       result.logits.assign(logits_.end() - vocab_, logits_.end());
@@ -258,6 +264,15 @@ class OrtBackend : public Backend {
  private:
   std::vector<std::string> in_names_, out_names_;
   bool logit_rows_;  // the graph takes LOGIT_ROWS
+
+ public:
+  // An eagle3 bundle's target also returns AUX_HIDDEN [1, T, aux_width] (0: it does not); after each pass its rows go
+  // to `aux_record` (set by the eagle3 drafter, which owns it), with the pass's ids and positions.
+  const int aux_width;
+  AuxRecord* aux_record = nullptr;
+
+ private:
+  std::vector<float> aux_;  // AUX_HIDDEN of the last pass [T, aux_width]
   std::vector<int64_t> ids_, positions_, rows_;
   std::map<std::string, std::vector<float>> masks_;
   std::vector<float> logits_, hiddens_;
@@ -336,6 +351,128 @@ class OrtDrafter : public DrafterBackend {
   std::vector<float> out_logits_, out_hidden_;
 };
 
+// ---- an EAGLE-3 drafter: the fc and step graphs over its own cache (runtimes/ort_eagle3.py OrtEagle3Drafter) -------
+// The target records its aux states by position (AuxRecord); each step runs the rows Eagle3Rows says (eagle3.h: the
+// burst's first step fuses the target rows not yet fused through the fc graph, later steps chain one row), binding
+// the drafter's cache as its bucket (IoCaches over the manifest's draft layout, kind DRAFT_KIND, max_context + 1
+// slots) and writing the step's new rows after the ones written this burst. `begin` rewinds the written count to the
+// committed rows that still agree with the target's tokens, so the drafter's cache is committed and rewound with the
+// target's.
+KVLayout session_draft_layout(const KVLayout& manifest_layout, int max_context) {  // ort_eagle3.py draft_layout
+  KVLayout draft = manifest_layout;
+  for (auto& c : draft.caches) c.slots = max_context + 1;
+  draft.max_context = max_context + 1;
+  return draft;
+}
+
+class OrtEagle3Drafter : public DrafterBackend {
+ public:
+  OrtEagle3Drafter(std::shared_ptr<Runtime> rt, Ort::Session step, std::string step_path, Ort::Session fc,
+                   std::string fc_path, OrtBackend& target, const Manifest& m)
+      : rt_(std::move(rt)), step_(std::move(step)), fc_(std::move(fc)), step_path_(std::move(step_path)),
+        fc_path_(std::move(fc_path)), target_(target), hidden_size_(m.hidden_size),
+        vocab_(m.drafter->draft_vocab_size), draft_(session_draft_layout(*m.drafter->draft_kv, m.max_context())),
+        record_(m.max_context(), target.aux_width), rows_(record_, draft_.max_context), caches_(draft_, ORT_BUCKET, 0),
+        in_names_(io_names(m.graphs.at("drafter").io.inputs)), out_names_(io_names(m.graphs.at("drafter").io.outputs)),
+        fc_in_(io_names(m.graphs.at(EAGLE3_FC_GRAPH).io.inputs)),
+        fc_out_(io_names(m.graphs.at(EAGLE3_FC_GRAPH).io.outputs)) {
+    if (!target.aux_width)
+      throw bundle_error(target.path_ + ": the target graph has no " + std::string(AUX_HIDDEN) +
+                             " output, which an eagle3 drafter reads",
+                         "re-export the bundle with this edge-spec (edge-spec export --drafter EAGLE3_FOLDER)");
+    target_.aux_record = &record_;
+    out_ids_.resize(size_t(vocab_));
+    out_logits_.resize(size_t(vocab_));
+    out_hidden_.resize(size_t(hidden_size_));
+    k_new_.resize(draft_.caches.size());
+    v_new_.resize(draft_.caches.size());
+  }
+  ~OrtEagle3Drafter() override { target_.aux_record = nullptr; }
+
+  // A burst after the target's committed positions [0, position); the target's masks are unused.
+  void begin(int64_t position, const Masks&, int64_t) override { rows_.begin(position); }
+
+  DraftStep step(int64_t token, const std::vector<float>& hidden) override {
+    const Eagle3Rows::Rows rows = rows_.next(token);
+    const int t = int(rows.ids.size());
+    const int64_t s = rows.s, h = hidden_size_;
+    if (s + t > int64_t(draft_.max_context))  // never with the loop's draft lengths (they stop at max_context)
+      throw kv_state_error("the eagle3 drafter's cache holds " + std::to_string(draft_.max_context) + " rows, a step " +
+                               "would write rows " + std::to_string(s + 1) + ".." + std::to_string(s + t),
+                           "draft fewer tokens (--spec-k) or generate fewer (--max-new-tokens)");
+    x_.resize(size_t(t) * size_t(h));
+    if (rows.first) {  // fused_hidden [1, T, H] = fc(the target's aux rows [c, L)) [1, T, n * H]
+      std::map<std::string, Ort::Value> in, out;
+      in.emplace(AUX_HIDDEN, tensor(rt_->cpu, const_cast<float*>(record_.aux_rows(rows.aux_from)),
+                                    {1, t, int64_t(record_.width)}));  // onnxruntime never writes an input
+      out.emplace(FUSED_HIDDEN, tensor(rt_->cpu, x_.data(), {1, t, h}));
+      const double start = now_s();
+      ort::run(fc_, fc_in_, in, fc_out_, out, fc_path_, RUN_FIX);
+      kernel_s += now_s() - start;
+    } else {  // the previous step's chained hidden [1, 1, H]
+      std::copy(hidden.begin(), hidden.end(), x_.begin());
+    }
+    caches_.prepare(s, t);  // a bucket b >= s + t slots, keeping rows [0, s)
+    const int b = caches_.bucket(DRAFT_KIND);
+    ids_ = rows.ids;  // input_ids [1, T]
+    positions_.resize(size_t(t));
+    for (int i = 0; i < t; ++i) positions_[size_t(i)] = s + 1 + i;  // position_ids [1, T]: s + 1..s + T
+    mask_.assign(size_t(t) * size_t(b + t), NEG_INF);  // draft_mask [1, 1, T, b + T]
+    for (int r = 0; r < t; ++r) {
+      float* row = mask_.data() + size_t(r) * size_t(b + t);
+      std::fill(row, row + s, 0.0f);           // every written row is visible
+      std::fill(row + b, row + b + r + 1, 0.0f);  // causal over the new rows
+    }
+    std::map<std::string, Ort::Value> in, out;
+    in.emplace(INPUT_IDS, tensor(rt_->cpu, ids_.data(), {1, t}));
+    in.emplace(HIDDEN, tensor(rt_->cpu, x_.data(), {1, t, h}));
+    in.emplace(POSITION_IDS, tensor(rt_->cpu, positions_.data(), {1, t}));
+    in.emplace(DRAFT_MASK, tensor(rt_->cpu, mask_.data(), {1, 1, t, b + t}));
+    out.emplace(DRAFT_TOKEN_IDS, tensor(rt_->cpu, out_ids_.data(), {int64_t(vocab_)}));     // [Vd] target ids
+    out.emplace(DRAFT_LOGITS, tensor(rt_->cpu, out_logits_.data(), {int64_t(vocab_)}));    // [Vd]
+    out.emplace(DRAFT_HIDDEN, tensor(rt_->cpu, out_hidden_.data(), {1, 1, h}));           // [1, 1, H]
+    for (size_t i = 0; i < draft_.caches.size(); ++i) {
+      const CacheSpec& c = draft_.caches[i];
+      const int64_t heads = c.num_kv_heads, d = c.head_dim;
+      in.emplace(draft_k_cache_name(c.layer), tensor(rt_->cpu, caches_.k(i), {1, heads, b, d}));  // [1, H_kv, b, D]
+      in.emplace(draft_v_cache_name(c.layer), tensor(rt_->cpu, caches_.v(i), {1, heads, b, d}));
+      k_new_[i].resize(size_t(heads * t * d));
+      v_new_[i].resize(size_t(heads * t * d));
+      out.emplace(draft_k_new_name(c.layer), tensor(rt_->cpu, k_new_[i].data(), {1, heads, t, d}));  // [1, H_kv, T, D]
+      out.emplace(draft_v_new_name(c.layer), tensor(rt_->cpu, v_new_[i].data(), {1, heads, t, d}));
+    }
+    const double start = now_s();
+    ort::run(step_, in_names_, in, out_names_, out, step_path_, RUN_FIX);
+    kernel_s += now_s() - start;
+    CommitPlan plan;  // the T new rows into slots s..s + T - 1 of the bound bucket (which holds them: prepare)
+    auto& entry = plan[DRAFT_KIND];
+    for (int i = 0; i < t; ++i) {
+      entry.first.push_back(i);
+      entry.second.push_back(s + i);
+    }
+    caches_.commit(plan, k_new_, v_new_, t, /*in_place=*/false);
+    rows_.wrote(rows);
+    return DraftStep{out_ids_, out_logits_, out_hidden_};
+  }
+
+ private:
+  std::shared_ptr<Runtime> rt_;
+  Ort::Session step_, fc_;
+  std::string step_path_, fc_path_;
+  OrtBackend& target_;
+  int hidden_size_, vocab_;
+  KVLayout draft_;  // the drafter's own cache layout for this session (max_context + 1 slots a layer)
+  AuxRecord record_;
+  Eagle3Rows rows_;
+  IoCaches caches_;
+  std::vector<std::string> in_names_, out_names_, fc_in_, fc_out_;
+  std::vector<int64_t> ids_, positions_;
+  std::vector<float> x_, mask_;
+  std::vector<int64_t> out_ids_;
+  std::vector<float> out_logits_, out_hidden_;
+  std::vector<std::vector<float>> k_new_, v_new_;  // per drafter layer [1, H_kv, T, D]
+};
+
 std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_sessions(const std::string& folder,
                                                                                    const Manifest& m, int threads) {
   auto rt = std::make_shared<Runtime>();
@@ -356,7 +493,19 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_sessio
                                (threads ? std::to_string(threads) : std::string("default")) + " intra-op threads";
   auto backend = std::make_unique<OrtBackend>(rt, std::move(target), path, m, identity);
   std::unique_ptr<DrafterBackend> drafter;
-  if (m.drafter) {
+  if (m.drafter && m.drafter->is_eagle3()) {  // its step and fc graphs, its own cache (never spinning either)
+    std::map<std::string, Ort::Session> sessions;
+    std::map<std::string, std::string> paths;
+    for (const std::string& name : {std::string("drafter"), std::string(EAGLE3_FC_GRAPH)}) {
+      const GraphEntry& g = m.graphs.at(name);
+      paths[name] = join_path(folder, g.file);
+      sessions.emplace(name, make_session(*rt, paths[name], threads, /*spin=*/false, {}));
+      check_graph_io(sessions.at(name), g.io, paths[name]);
+    }
+    drafter = std::make_unique<OrtEagle3Drafter>(rt, std::move(sessions.at("drafter")), paths["drafter"],
+                                                 std::move(sessions.at(EAGLE3_FC_GRAPH)), paths[EAGLE3_FC_GRAPH],
+                                                 *backend, m);
+  } else if (m.drafter) {
     const GraphEntry& d = m.graphs.at("drafter");
     const std::string dpath = join_path(folder, d.file);
     Ort::Session session = make_session(*rt, dpath, threads, /*spin=*/false, {});

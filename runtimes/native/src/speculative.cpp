@@ -298,7 +298,15 @@ GenerationResult generate_speculative(Session& session, DrafterBackend& drafter,
     session.forward_into(pass, false, out);  // [1 + len(drafts)] rows
     const double t2 = now_s();
     VerifyResult v;
-    if (fast_greedy) {
+    if (options.accept_all) {  // the test hook (SpecOptions::accept_all): every draft kept
+      const size_t k = drafts.size();
+      if (fast_greedy) {
+        v = {int(k), argmax(out.logits.data() + k * size_t(vocab_size), vocab_size)};
+      } else {
+        LazyRows rows{out, vocab_size, params, {}};
+        v = {int(k), sample(rows.row(k), rng)};
+      }
+    } else if (fast_greedy) {
       std::vector<int64_t> top(size_t(out.rows));
       for (int i = 0; i < out.rows; ++i) top[i] = argmax(out.logits.data() + size_t(i) * vocab_size, vocab_size);
       v = verify_greedy(drafts, top);

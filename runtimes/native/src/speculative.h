@@ -62,6 +62,9 @@ struct SpecOptions {
   double min_confidence = 0.0;  // used only when adaptive (as the Python loop)
   bool lookup = true;           // prompt-lookup drafting first
   const Datastore* datastore = nullptr;  // then the static datastore (null: none); the caller owns it
+  // A *wrong* verifier that keeps every draft (edge_spec.decoding.speculative.accept_all; the bonus token from the row
+  // after the drafts): the test build's --test-accept-all only, so that a drafter's accepted rows are exercised.
+  bool accept_all = false;
 };
 
 GenerationResult generate_speculative(Session& session, DrafterBackend& drafter, const std::vector<int64_t>& prompt,
