@@ -309,3 +309,28 @@ def test_committed_regenerated_answers_are_reused_not_generated_again(tiny_llama
     assert np.array_equal(first, again)
     with pytest.raises(ConfigError, match="another target"):
         pipeline.read_regenerated(data, checkpoints.load(str(peaky_llama)))
+
+
+def test_a_regeneration_chunk_stops_before_the_teacher_pass(tiny_llama, tmp_path, monkeypatch):
+    """`--stop-after regenerate`: the answers reach the committed folder, nothing is trained or written to OUT, and
+    the next run (without it) reuses them instead of generating them again."""
+    from edge_spec.train import pipeline
+
+    loaded = checkpoints.load(str(tiny_llama[0]))
+    out, data = tmp_path / "drafter", tmp_path / "regenerated"
+    kwargs = dict(data=["chat"], max_tokens=20 * 180, max_chat_prompts=8, chat_max_new=80, hidden_size=32,
+                  num_layers=1, intermediate_size=64, num_centroids=16, top_k_clusters=4,
+                  train_cfg=TrainConfig(batch_seqs=2, warmup=1), max_steps=2, regenerated=data)
+    report = run(loaded, out, stop_after="regenerate", **kwargs)
+    assert report["stopped_after"] == "regenerate" and "chat" in report["data"]
+    assert not out.exists() and not any((tmp_path / "drafter.work").glob("shards*"))
+    with gzip.open(data / "chat.jsonl.gz", "rt") as f:
+        assert len(f.readlines()) == 8
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("a regenerated prompt was generated again")
+
+    monkeypatch.setattr(pipeline, "batched_greedy", no_generation)
+    with pytest.raises(ConfigError, match="unknown stage"):
+        run(loaded, out, stop_after="teacher", **kwargs)
+    assert run(loaded, out, **kwargs)["steps"] == 2 and (out / "training_report.json").exists()

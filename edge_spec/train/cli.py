@@ -31,6 +31,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--minutes", type=float, default=None,
                     help="stop training after this many minutes (a chunk): the checkpoint, the drafter so far and its "
                          "report are written; the same command again continues the run from the checkpoint")
+    tr.add_argument("--stop-after", choices=["regenerate"], default=None,
+                    help="end the run after a stage (a chunk): `regenerate` writes the target's answers to the work "
+                         "folder and --regenerated, then exits; the same command without it goes on from there")
     tr.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
     tr.add_argument("--lr", type=float, default=2e-3)
     tr.add_argument("--batch-seqs", type=int, default=4, help="sequences of 256 tokens per step")
@@ -98,10 +101,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     with launched(args.device) as dist:
         report = _train(args, dist)
         if dist.main:
-            print(json.dumps({k: report[k] for k in ("steps", "total_steps", "world_size", "device", "data", "drafter",
-                                                     "held_out", "total_seconds") if k in report},
-                             indent=2, default=float))
-            print(f"drafter written to {args.out}", file=sys.stderr)
+            keys = ("stopped_after", "steps", "total_steps", "world_size", "device", "data", "drafter", "held_out",
+                    "total_seconds")
+            print(json.dumps({k: report[k] for k in keys if k in report}, indent=2, default=float))
+            if "stopped_after" in report:
+                print(f"stopped after {report['stopped_after']}: run the same command without --stop-after to go on",
+                      file=sys.stderr)
+            else:
+                print(f"drafter written to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -128,7 +135,8 @@ def _train(args: argparse.Namespace, dist) -> dict:
                  train_cfg=cfg, max_steps=args.max_steps,
                  work=Path(args.work) if args.work else None, init=init, shard_bits=args.shard_bits,
                  save_dtype=getattr(torch, args.save_dtype), minutes=args.minutes,
-                 regenerated=Path(args.regenerated) if args.regenerated else None, dist=dist)
+                 regenerated=Path(args.regenerated) if args.regenerated else None, dist=dist,
+                 stop_after=args.stop_after)
     return report
 
 

@@ -246,9 +246,12 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
         num_centroids: int = 1024, top_k_clusters: int = 32, head_from: str = "target", table_from: str = "own",
         train_cfg: TrainConfig = TrainConfig(), max_steps: int | None = None, work: Path | None = None,
         init: Path | None = None, shard_bits: int = 16, save_dtype: torch.dtype | None = None,
-        minutes: float | None = None, regenerated: Path | None = None, dist: Dist | None = None) -> dict:
+        minutes: float | None = None, regenerated: Path | None = None, dist: Dist | None = None,
+        stop_after: str | None = None) -> dict:
     """Train a drafter for `loaded` into `out` (see the module docstring); `dist`: this process among the ranks
-    torchrun started and its device (default: one CPU process). Returns the report (rank 0's is complete)."""
+    torchrun started and its device (default: one CPU process). Returns the report (rank 0's is complete).
+    `stop_after="regenerate"`: return once the corpora are cut and the regenerated answers written (a chunk of its
+    own; no teacher pass, no training, nothing written to `out`)."""
     dist = dist or Dist()
     check_batch(train_cfg.batch_seqs, dist.world_size)  # before the teacher pass, not after it
     started = time.perf_counter()
@@ -312,6 +315,11 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
         write_regenerated(regenerated, work, loaded, {"chat": True, "everyday": True, "regen_text": False})
     if not seqs:
         raise ConfigError("no training data", "pass --data debian-docs stdlib chat everyday or your own folders")
+    if stop_after == "regenerate":
+        return {"stopped_after": "regenerate", "data": {name: int(s.size) for name, s in seqs.items()},
+                "total_seconds": time.perf_counter() - started}
+    if stop_after is not None:
+        raise ConfigError(f"unknown stage {stop_after!r} to stop after", "pass --stop-after regenerate or leave it out")
 
     # 2. teacher shards
     if shard_bits not in (16, 4):
