@@ -75,6 +75,8 @@ def test_bench_drafts_with_retrieval_by_default(bundles, tmp_path, capsys):
                  "--threads", "1", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     assert row["lookup_share"] > 0 and row["greedy_exact"]
+    # what a proposal costs is reported (prompt lookup; the tiny bundle has no datastore)
+    assert row["lookup_ms_per_call"] > 0 and row["datastore_ms_per_call"] is None
 
 
 class RecordingPeer:
@@ -120,9 +122,10 @@ def test_tally_split_and_markdown_arithmetic():
     meta = {"date": "d", "machine": "m", "threads": 2, "prompts": 3, "max_new_tokens": 5}
     md = markdown([row], [{"peer": "llama.cpp", "model": "x.gguf", "precision": "q8_0", "tok_s": 80.0,
                            "first_token_ms": 9.0}], meta)
-    assert "| ort | int8 | 0 | 2 | 10.0 | 25.0 | 2.50x | 2.60 | 0.90 - | 15% / 75% / 10% | 10% | - | 13 | 3/3 |" in md
-    row.update(drafter_step_ms=1.0, target_step_ms=20.0, drafter_step_share=0.05)
-    assert "| 1.0 / 20.0 ms (5%) |" in markdown([row], [], meta)
+    assert "| ort | int8 | 0 | 2 | 10.0 | 25.0 | 2.50x | 2.60 | 0.90 - | 15% / 75% / 10% | 10% | - | - / - | 13 | 3/3 |" in md
+    row.update(drafter_step_ms=1.0, target_step_ms=20.0, drafter_step_share=0.05, lookup_ms_per_call=0.0123,
+               datastore_ms_per_call=0.25)
+    assert "| 1.0 / 20.0 ms (5%) | 0.012 / 0.250 |" in markdown([row], [], meta)
     assert "| llama.cpp | x.gguf | q8_0 | 80.0 | 9 |" in md
 
 

@@ -99,6 +99,9 @@ def test_datastore_in_the_loop_is_lossless(tiny_llama):
             assert out.tokens == plain.tokens, (helps, adaptive)
             assert stats.lookup_passes == 0 and stats.datastore_passes > 0
             assert stats.to_dict()["datastore_passes"] == stats.datastore_passes
+            # every pass without a retrieval draft asked the datastore once, and the time it took is counted
+            assert stats.lookup_calls == 0 and stats.datastore_calls == stats.target_calls
+            assert 0 < stats.datastore_s <= stats.drafter_s
             if helps:
                 assert stats.datastore_accepted >= 20 and stats.tau > 2.0 and "datastore passes" in stats.summary()
 

@@ -43,6 +43,10 @@ class Tally:
     drafter_calls: int = 0
     lookup_passes: int = 0  # passes whose drafts came from retrieval
     datastore_passes: int = 0  # passes whose drafts came from the static datastore
+    lookup_calls: int = 0  # retrieval proposals asked for, and the time they took (Python runtime only)
+    lookup_s: float = 0.0
+    datastore_calls: int = 0
+    datastore_s: float = 0.0
     drafted: np.ndarray | None = None
     accepted: np.ndarray | None = None
     outputs: list[list[int]] = field(default_factory=list)
@@ -100,6 +104,10 @@ def run_one(engine, marks: _KernelMarks, row: dict, tally: Tally, *, k: int | No
         tally.drafter_calls += stats.drafter_calls
         tally.lookup_passes += stats.lookup_passes
         tally.datastore_passes += stats.datastore_passes
+        tally.lookup_calls += stats.lookup_calls
+        tally.lookup_s += stats.lookup_s
+        tally.datastore_calls += stats.datastore_calls
+        tally.datastore_s += stats.datastore_s
         if tally.drafted is None:
             tally.drafted, tally.accepted = np.zeros_like(stats.drafted), np.zeros_like(stats.accepted)
         tally.drafted += stats.drafted
@@ -181,6 +189,9 @@ def config_row(about: dict, plain: Tally, spec: Tally, *, k: int, adaptive: bool
         "tau": spec.emitted / spec.passes if spec.passes else None, "acceptance_by_position": acceptance,
         "lookup_share": spec.lookup_passes / spec.passes if spec.passes else None,  # passes drafted by retrieval
         "datastore_share": spec.datastore_passes / spec.passes if spec.passes else None,  # by the static datastore
+        # the cost of asking each retrieval source for a draft (a proposal that finds nothing included)
+        "lookup_ms_per_call": 1000 * spec.lookup_s / spec.lookup_calls if spec.lookup_calls else None,
+        "datastore_ms_per_call": 1000 * spec.datastore_s / spec.datastore_calls if spec.datastore_calls else None,
         "mean_k": float(np.mean(spec.mean_k)) if spec.mean_k else None,
         "time_split": {"plain": plain.split(), "spec": spec.split()},
         "python_overhead_plain": plain.split()["overhead"], "python_overhead_spec": spec.split()["overhead"],
@@ -228,14 +239,19 @@ def _steps(r: dict) -> str:
     return f"{r['drafter_step_ms']:.1f} / {r['target_step_ms']:.1f} ms ({r['drafter_step_share']:.0%})"
 
 
+def _retrieval(r: dict) -> str:
+    """Milliseconds per proposal: prompt lookup / static datastore ('-' where the source was off or not timed)."""
+    return f"{_fmt(r.get('lookup_ms_per_call'), '.3f')} / {_fmt(r.get('datastore_ms_per_call'), '.3f')}"
+
+
 def markdown(rows: list[dict], peers: list[dict], meta: dict) -> str:
     lines = [f"Measured {meta['date']} on {meta['machine']} ({meta['threads']} threads), "
              f"{meta['prompts']} prompts x {meta['max_new_tokens']} new tokens, one run (ratios are within-run).", "",
              *([meta["exactness"], ""] if meta.get("exactness") else []),
              "| runtime | precision | T | k | plain tok/s | spec tok/s | speedup | tau | acceptance by position | "
              "time split spec (drafter/target/python) | python share plain | drafter step / target step | "
-             "first token ms | greedy exact |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "lookup / datastore ms per proposal | first token ms | greedy exact |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = " ".join(_fmt(a, ".2f") for a in r["acceptance_by_position"])
         sp = r["time_split"]["spec"]
@@ -244,7 +260,8 @@ def markdown(rows: list[dict], peers: list[dict], meta: dict) -> str:
         lines.append(f"| {r['runtime']} | {r['precision']} | {r['temperature']:g} | {k} | {_fmt(r['plain_tok_s'])} | "
                      f"{_fmt(r['spec_tok_s'])} | {_fmt(r['speedup'], '.2f')}x | {_fmt(r['tau'], '.2f')} | {acc} | "
                      f"{sp['drafter']:.0%} / {sp['target']:.0%} / {sp['overhead']:.0%} | "
-                     f"{r['python_overhead_plain']:.0%} | {_steps(r)} | {r['first_token_ms']['spec']:.0f} | {exact} |")
+                     f"{r['python_overhead_plain']:.0%} | {_steps(r)} | {_retrieval(r)} | "
+                     f"{r['first_token_ms']['spec']:.0f} | {exact} |")
     if meta.get("bundle_bytes"):
         lines += ["", f"Bundle on disk: {meta['bundle_bytes'] / 1e6:.1f} MB; peak resident memory of our runtime's "
                       f"process {max(r['peak_rss_mb'] for r in rows):.0f} MB (each peer runs in a process of its own)."]

@@ -155,6 +155,10 @@ class SpecStats:
     lookup_accepted: int = 0  # drafts accepted in those passes
     datastore_passes: int = 0  # passes whose drafts came from the static datastore
     datastore_accepted: int = 0  # drafts accepted in those passes
+    lookup_calls: int = 0  # prompt-lookup proposals asked for (a pass asks at most once per source)
+    lookup_s: float = 0.0  # time in those proposals (part of drafter_s)
+    datastore_calls: int = 0  # static-datastore proposals asked for
+    datastore_s: float = 0.0  # time in those proposals (part of drafter_s)
 
     def __post_init__(self):
         self.drafted = np.zeros(self.k_max, dtype=np.int64)
@@ -178,7 +182,9 @@ class SpecStats:
                 "time_s": {"drafter": self.drafter_s, "target": self.target_s, "overhead": overhead},
                 "mean_k": float(np.mean(self.k_chosen)) if self.k_chosen else 0.0,
                 "lookup_passes": self.lookup_passes, "lookup_accepted": self.lookup_accepted,
-                "datastore_passes": self.datastore_passes, "datastore_accepted": self.datastore_accepted}
+                "datastore_passes": self.datastore_passes, "datastore_accepted": self.datastore_accepted,
+                "lookup_calls": self.lookup_calls, "lookup_s": self.lookup_s,
+                "datastore_calls": self.datastore_calls, "datastore_s": self.datastore_s}
 
     def summary(self) -> str:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in self.acceptance_by_position())
@@ -234,10 +240,15 @@ def generate_speculative(session: Session, drafter: DrafterBackend | None, promp
         if retrieval is not None:  # retrieval first, at its own length (CostModel prices the sources apart)
             k_now = min(model.choose(lookup=True) if model else k, left)
             drafts, source = _lookup_drafts(retrieval.propose(k_now), stop_ids), True
+            stats.lookup_calls += 1
+            stats.lookup_s += time.perf_counter() - t0
         if not drafts and datastore is not None:  # then the static datastore, at its own length
+            ts = time.perf_counter()
             k_now = min(model.choose(lookup=DATASTORE) if model else k, left)
             context = _tail(prompt_ids, tokens, datastore.max_n)
             drafts, source = _lookup_drafts(datastore.propose(context, k_now) if k_now else [], stop_ids), DATASTORE
+            stats.datastore_calls += 1
+            stats.datastore_s += time.perf_counter() - ts
         from_lookup = bool(drafts)
         if from_lookup:  # one-hot drafts: q(draft) = 1, so verify's rule keeps the target's distribution
             draft_probs = SparseRows(vocab_size)
