@@ -175,3 +175,73 @@ def load_eagle3(folder: str | Path, target_embedding: torch.Tensor | None = None
         loaded["d2t"], loaded["t2d"] = loaded["d2t"].long(), loaded["t2d"].bool()
     model.load_state_dict(loaded)
     return model.eval()
+
+
+# ---- writing (edge-spec's own EAGLE-3 trainer, edge_spec/train/eagle3_trainer.py) ------------------------------------
+SPECULATORS_VERSION = "0.9.0"  # the format version written (and read above)
+
+
+def eagle3_config_dict(cfg: Eagle3Config, *, speculative_tokens: int = 3, verifier_architectures=None,
+                       verifier_name_or_path: str | None = None, provenance: dict | None = None) -> dict:
+    """`cfg` as the config.json Speculators 0.9's save_pretrained writes for an Eagle3DraftModel: the keys
+    `eagle3_config_from_dict` reads, plus the inert ones Speculators needs to load it (speculators_config with a
+    greedy proposal of `speculative_tokens` and the verifier: its architectures and `verifier_name_or_path`, the
+    target's HF folder or hub id, which Speculators' from_pretrained reads the verifier's embedding, lm_head and
+    norm from; edge-spec ignores it). `provenance`: free-form facts (target name, content id, training), inert."""
+    layer = dict(cfg.layers.raw)
+    layer["model_type"] = "qwen3" if cfg.qk_norm else "llama"  # the reader parses every layer as llama
+    out = {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids) if cfg.aux_layer_ids else None,
+        **{name: bool(getattr(cfg, name)) for name in NORM_OPTIONS},
+        "embed_requires_grad": False,
+        "target_hidden_size": None,
+        "tie_word_embeddings": False,
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
+                                  "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+            "verifier": {"architectures": list(verifier_architectures or []),
+                         "name_or_path": verifier_name_or_path}},
+    }
+    if provenance:
+        out["provenance"] = provenance
+    return out
+
+
+def save_eagle3(model: Eagle3Drafter, folder: str | Path, *, dtype: torch.dtype | None = None,
+                with_embedding: bool = False, **config_args) -> Path:
+    """Write `model` as a Speculators eagle3 folder: config.json (`eagle3_config_dict`, `config_args` passed on) and
+    model.safetensors (Speculators' tensor names; d2t int64 offsets / t2d bool when the draft vocabulary is
+    reduced; floating tensors in `dtype` if given). embed_tokens is left out unless `with_embedding` (a frozen copy
+    of the target's input embedding: `load_eagle3(..., target_embedding=)` and Speculators' verifier loading take
+    the target's). Written in place: the caller makes it atomic (train/eagle3_trainer.publish_eagle3).
+
+    The written config is read back with `eagle3_config_from_dict` and must give `model.cfg` again, and the vocabulary
+    map must pass `check_vocab_map`: a folder this writes is one `load_eagle3` reads unchanged."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    config = eagle3_config_dict(model.cfg, **config_args)
+    again = eagle3_config_from_dict(json.loads(json.dumps(config)), "the config.json being written")
+    if again != model.cfg:
+        raise CheckpointError(f"the eagle3 config written to {folder} does not read back as the drafter's own "
+                              f"({again} != {model.cfg})", "report this: the writer and the reader disagree")
+    state = {}
+    for key, value in model.state_dict().items():
+        if key == "embed_tokens.weight" and not with_embedding:
+            continue
+        if value.is_floating_point() and dtype is not None:
+            value = value.to(dtype)
+        state[key] = value.detach().cpu().contiguous()
+    if model.cfg.mapped:
+        check_vocab_map(state["d2t"], state["t2d"], model.cfg.target_vocab_size, f"{folder} d2t")
+        state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder

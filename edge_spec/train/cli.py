@@ -9,7 +9,12 @@ from pathlib import Path
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    tr = sub.add_parser("train-drafter", help="train an MTP drafter for a target (distillation from its hidden states)")
+    tr = sub.add_parser("train-drafter", help="train an MTP drafter (default) or an EAGLE-3 drafter (--arch eagle3) "
+                                              "for a target (distillation from its hidden states)")
+    tr.add_argument("--arch", choices=["mtp", "eagle3"], default="mtp",
+                    help="mtp: edge-spec's own drafter (docs/drafter.md); eagle3: an EAGLE-3 drafter written as a "
+                         "Speculators folder (config.json + model.safetensors) that generate / eval-drafter / "
+                         "export --format onnx take as --drafter (docs/training.md, 'EAGLE-3 drafters')")
     tr.add_argument("--target", default="smollm2-135m", help="built-in name or HF folder of the target")
     tr.add_argument("--data", nargs="+", default=["debian-docs", "stdlib", "chat"],
                     help="built-in sources (debian-docs, stdlib, chat, everyday: answers to everyday questions) and/or "
@@ -35,30 +40,44 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="end the run after a stage (a chunk): `regenerate` writes the target's answers to the work "
                          "folder and --regenerated, then exits; the same command without it goes on from there")
     tr.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
-    tr.add_argument("--lr", type=float, default=2e-3)
+    tr.add_argument("--lr", type=float, default=None, help="peak learning rate (default: mtp 2e-3, eagle3 1e-3)")
     tr.add_argument("--batch-seqs", type=int, default=4, help="sequences of 256 tokens per step")
-    tr.add_argument("--steps-ahead", type=int, default=3, help="MTP depth trained (drafter feeds itself back)")
-    tr.add_argument("--hidden-size", type=int, default=256)
-    tr.add_argument("--layers", type=int, default=2)
+    tr.add_argument("--steps-ahead", type=int, default=3,
+                    help="MTP depth / EAGLE-3 training-time-test steps trained (the drafter feeds itself back)")
+    tr.add_argument("--hidden-size", type=int, default=None,
+                    help="mtp only: the drafter's width (default 256; an EAGLE-3 drafter is as wide as its target)")
+    tr.add_argument("--layers", type=int, default=None, help="decoder layers (default: mtp 2, eagle3 1)")
     tr.add_argument("--heads", type=int, default=None,
                     help="query heads per layer (default: hidden size / the target's head dim, at least its KV heads)")
-    tr.add_argument("--intermediate-size", type=int, default=1024)
-    tr.add_argument("--centroids", type=int, default=1024, help="vocabulary clusters")
-    tr.add_argument("--top-k-clusters", type=int, default=32)
-    tr.add_argument("--head-from", choices=["target", "drafter"], default="target",
-                    help="score tokens with the target's own output embedding (default) or a table of the drafter's")
-    tr.add_argument("--table-from", choices=["own", "target"], default="own",
-                    help="with --head-from drafter: the drafter's table stored (own) or derived from the target's "
-                         "embedding through a learned projection (target: the checkpoint stores the projection only)")
+    tr.add_argument("--intermediate-size", type=int, default=None,
+                    help="MLP width (default: mtp 1024, eagle3 the target's)")
+    tr.add_argument("--centroids", type=int, default=None, help="mtp only: vocabulary clusters (default 1024)")
+    tr.add_argument("--top-k-clusters", type=int, default=None, help="mtp only (default 32)")
+    tr.add_argument("--head-from", choices=["target", "drafter"], default=None,
+                    help="mtp only: score tokens with the target's own output embedding (default: target) or a "
+                         "table of the drafter's")
+    tr.add_argument("--table-from", choices=["own", "target"], default=None,
+                    help="mtp only, with --head-from drafter: the drafter's table stored (own, the default) or derived "
+                         "from the target's embedding through a learned projection (target: the checkpoint stores the "
+                         "projection only)")
+    tr.add_argument("--draft-vocab", type=int, default=None,
+                    help="eagle3 only: draft vocabulary size, the most frequent target tokens of the training data "
+                         "(default: min(target vocabulary, 32000); the whole vocabulary = no d2t / t2d map)")
+    tr.add_argument("--aux-layers", type=int, nargs="+", default=None,
+                    help="eagle3 only: the target layers whose input streams the drafter reads (id L: the stream "
+                         "leaving the last of L layers; default: Speculators' 2, L // 2, L - 3)")
     tr.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="dtype of the written weights (bfloat16: half the bytes; read back as float32)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--init", default=None,
-                    help="start from this drafter ('builtin' or a folder) instead of a fresh one; its shape wins")
-    tr.add_argument("--shard-bits", type=int, choices=[16, 4], default=16,
-                    help="teacher activations on disk: fp16, or 4-bit codes after a Hadamard rotation (3.8x smaller)")
-    tr.add_argument("--vocab-sample", type=int, default=4096,
-                    help="uniform negatives of the sampled-softmax loss (0 = full vocabulary, ~3x slower)")
+                    help="start from this drafter instead of a fresh one; its shape wins (mtp: 'builtin' or a drafter "
+                         "folder; eagle3: a Speculators eagle3 folder, its aux layers and vocabulary too)")
+    tr.add_argument("--shard-bits", type=int, choices=[16, 4], default=None,
+                    help="mtp only: teacher activations on disk: fp16 (16, the default), or 4-bit codes after a "
+                         "Hadamard rotation (3.8x smaller)")
+    tr.add_argument("--vocab-sample", type=int, default=None,
+                    help="mtp only: uniform negatives of the sampled-softmax loss (default 4096; 0 = full vocabulary, "
+                         "~3x slower)")
     tr.add_argument("--fp32", action="store_true",
                     help="train in fp32, no bf16 autocast (slower; ranks then agree with one process to fp32 "
                          "rounding, not bf16's)")
@@ -98,6 +117,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """One process, or one rank of those torchrun started (RANK / WORLD_SIZE in the environment): rank 0 prints."""
     from edge_spec.train.dist import launched
 
+    check_arch_options(args)  # before any process group or device is set up
     with launched(args.device) as dist:
         report = _train(args, dist)
         if dist.main:
@@ -112,7 +132,68 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+MTP_ONLY = {"hidden_size": "--hidden-size", "centroids": "--centroids", "top_k_clusters": "--top-k-clusters",
+            "head_from": "--head-from", "table_from": "--table-from", "shard_bits": "--shard-bits",
+            "vocab_sample": "--vocab-sample"}
+EAGLE3_ONLY = {"draft_vocab": "--draft-vocab", "aux_layers": "--aux-layers"}
+MTP_DEFAULTS = {"lr": 2e-3, "layers": 2, "intermediate_size": 1024, "hidden_size": 256, "centroids": 1024,
+                "top_k_clusters": 32, "head_from": "target", "table_from": "own", "shard_bits": 16,
+                "vocab_sample": 4096}
+
+
+def check_arch_options(args: argparse.Namespace) -> None:
+    """Options of the other architecture are refused by name (a silently ignored option is a wrong run)."""
+    from edge_spec.errors import ConfigError
+
+    other = MTP_ONLY if args.arch == "eagle3" else EAGLE3_ONLY
+    given = [flag for name, flag in other.items() if getattr(args, name, None) is not None]
+    if given:
+        kind = "an MTP drafter's" if args.arch == "eagle3" else "an EAGLE-3 drafter's"
+        raise ConfigError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} {kind} shape or training, not "
+                          f"--arch {args.arch}'s", f"drop {' '.join(given)}, or pass --arch "
+                          f"{'mtp' if args.arch == 'eagle3' else 'eagle3'}")
+    if args.arch == "eagle3" and args.init == "builtin":
+        raise ConfigError("--init builtin is the built-in MTP drafter; --arch eagle3 starts from a Speculators eagle3 "
+                          "folder", "pass --init EAGLE3_FOLDER, or drop --init")
+
+
 def _train(args: argparse.Namespace, dist) -> dict:
+    check_arch_options(args)
+    if args.arch == "eagle3":
+        return _train_eagle3(args, dist)
+    for name, value in MTP_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return _train_mtp(args, dist)
+
+
+def _train_eagle3(args: argparse.Namespace, dist) -> dict:
+    import torch
+
+    from edge_spec.errors import ConfigError
+    from edge_spec.loading.checkpoints import load
+    from edge_spec.loading.speculators_eagle3 import is_eagle3_folder
+    from edge_spec.train.eagle3_pipeline import run_eagle3
+    from edge_spec.train.eagle3_trainer import Eagle3TrainConfig
+
+    if args.init and not is_eagle3_folder(args.init):
+        raise ConfigError(f"--init {args.init} is not a Speculators eagle3 folder (no config.json with "
+                          "speculators_model_type 'eagle3')", "pass an EAGLE-3 drafter folder, or drop --init")
+    cfg = Eagle3TrainConfig(steps_ahead=args.steps_ahead, optimizer=args.optimizer,
+                            lr=args.lr if args.lr is not None else 1e-3, batch_seqs=args.batch_seqs,
+                            epochs=args.epochs, seed=args.seed, bf16=not args.fp32)
+    return run_eagle3(load(args.target), Path(args.out), data=args.data, max_tokens=args.max_tokens,
+                      max_chat_prompts=args.max_chat_prompts, chat_templates=args.chat_templates,
+                      max_regen_text=args.regen_text, chat_max_new=args.regen_tokens, chat_batch=args.regen_batch,
+                      num_layers=args.layers or 1, num_heads=args.heads, intermediate_size=args.intermediate_size,
+                      draft_vocab=args.draft_vocab, aux_layers=args.aux_layers, train_cfg=cfg,
+                      max_steps=args.max_steps, work=Path(args.work) if args.work else None,
+                      init=Path(args.init) if args.init else None, save_dtype=getattr(torch, args.save_dtype),
+                      minutes=args.minutes, regenerated=Path(args.regenerated) if args.regenerated else None,
+                      dist=dist, stop_after=args.stop_after)
+
+
+def _train_mtp(args: argparse.Namespace, dist) -> dict:
     import torch
 
     from edge_spec.loading.checkpoints import load

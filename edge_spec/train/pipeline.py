@@ -239,6 +239,51 @@ def check_work_target(work: Path, loaded: LoadedModel) -> None:
     stamp.write_text(json.dumps({"name": loaded.name, "content_sha256": ident}))
 
 
+def sequences(loaded: LoadedModel, work: Path, *, data: list[str], max_tokens: int, chat_batch: int,
+              chat_max_new: int, max_chat_prompts: int | None, chat_templates: int, max_regen_text: int,
+              regenerated: Path | None, dtype, dist: Dist) -> dict[str, np.ndarray]:
+    """Stage 1 of `run` (and of the EAGLE-3 pipeline, edge_spec/train/eagle3_pipeline.py): the corpora and the
+    target's regenerated answers (cached in `work`, written back to `regenerated`) -> token windows [N, SEQ_LEN] per
+    source name ("chat", "everyday", "regen_text", "text", "held_out_text": the held-out one is not trained on)."""
+    roots = []
+    for item in data:
+        if item == "debian-docs":
+            roots += main_first(dist, lambda: D.fetch_debian_docs(work / "corpora"))
+        elif item == "stdlib":
+            roots.append(D.stdlib_root())
+        elif item not in ("chat", "everyday"):
+            roots.append(Path(item))
+    seqs = {}
+    budget = max_tokens
+    seeds = read_regenerated(regenerated, loaded) if regenerated else {}
+    if "chat" in data:
+        prompts = D.chat_prompts(D.stdlib_module_names(), held_out=False,
+                                 templates_per_topic=chat_templates)[:max_chat_prompts]
+        seqs["chat"] = chat_sequences(loaded, prompts, max_new_tokens=chat_max_new, batch=chat_batch, dtype=dtype,
+                                      cache=work / "chat.jsonl", seeded=seeds.get("chat"), dist=dist)
+        budget = max(0, max_tokens - seqs["chat"].size)
+    if "everyday" in data:
+        seqs["everyday"] = chat_sequences(loaded, D.everyday_prompts(held_out=False), max_new_tokens=chat_max_new,
+                                          batch=chat_batch, dtype=dtype, cache=work / "everyday.jsonl",
+                                          seeded=seeds.get("everyday"), dist=dist)
+        budget = max(0, budget - seqs["everyday"].size)
+    if roots and "chat" in data:  # the target's own continuations of document openings
+        docs = list(D.iter_documents(roots, held_out=False, min_chars=800))
+        openings = [D.prefix(d.text, 300) for d in docs[::max(1, len(docs) // max_regen_text)]][:max_regen_text]
+        seqs["regen_text"] = chat_sequences(loaded, openings, max_new_tokens=chat_max_new, batch=chat_batch,
+                                            dtype=dtype, cache=work / "regen_text.jsonl", chat=False,
+                                            seeded=seeds.get("regen_text"), dist=dist)
+        budget = max(0, budget - seqs["regen_text"].size)
+    if roots:
+        seqs["text"] = text_sequences(loaded, roots, held_out=False, max_tokens=budget)
+        seqs["held_out_text"] = text_sequences(loaded, roots, held_out=True, max_tokens=20 * SEQ_LEN * 4)
+    if regenerated and dist.main:  # what this run generated joins the committed data
+        write_regenerated(regenerated, work, loaded, {"chat": True, "everyday": True, "regen_text": False})
+    if not seqs:
+        raise ConfigError("no training data", "pass --data debian-docs stdlib chat everyday or your own folders")
+    return seqs
+
+
 def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 400_000, chat_batch: int = 16,
         chat_max_new: int = 128, max_chat_prompts: int | None = None, chat_templates: int = 2,
         max_regen_text: int = 200, hidden_size: int = 256, num_layers: int = 2, num_heads: int | None = None,
@@ -279,42 +324,9 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
     source_layers = sorted(set(sources.values()))
 
     # 1. corpora -> sequences (train and held-out)
-    roots = []
-    for item in data:
-        if item == "debian-docs":
-            roots += main_first(dist, lambda: D.fetch_debian_docs(work / "corpora"))
-        elif item == "stdlib":
-            roots.append(D.stdlib_root())
-        elif item not in ("chat", "everyday"):
-            roots.append(Path(item))
-    seqs = {}
-    budget = max_tokens
-    seeds = read_regenerated(regenerated, loaded) if regenerated else {}
-    if "chat" in data:
-        prompts = D.chat_prompts(D.stdlib_module_names(), held_out=False,
-                                 templates_per_topic=chat_templates)[:max_chat_prompts]
-        seqs["chat"] = chat_sequences(loaded, prompts, max_new_tokens=chat_max_new, batch=chat_batch, dtype=dtype,
-                                      cache=work / "chat.jsonl", seeded=seeds.get("chat"), dist=dist)
-        budget = max(0, max_tokens - seqs["chat"].size)
-    if "everyday" in data:
-        seqs["everyday"] = chat_sequences(loaded, D.everyday_prompts(held_out=False), max_new_tokens=chat_max_new,
-                                          batch=chat_batch, dtype=dtype, cache=work / "everyday.jsonl",
-                                          seeded=seeds.get("everyday"), dist=dist)
-        budget = max(0, budget - seqs["everyday"].size)
-    if roots and "chat" in data:  # the target's own continuations of document openings
-        docs = list(D.iter_documents(roots, held_out=False, min_chars=800))
-        openings = [D.prefix(d.text, 300) for d in docs[::max(1, len(docs) // max_regen_text)]][:max_regen_text]
-        seqs["regen_text"] = chat_sequences(loaded, openings, max_new_tokens=chat_max_new, batch=chat_batch,
-                                            dtype=dtype, cache=work / "regen_text.jsonl", chat=False,
-                                            seeded=seeds.get("regen_text"), dist=dist)
-        budget = max(0, budget - seqs["regen_text"].size)
-    if roots:
-        seqs["text"] = text_sequences(loaded, roots, held_out=False, max_tokens=budget)
-        seqs["held_out_text"] = text_sequences(loaded, roots, held_out=True, max_tokens=20 * SEQ_LEN * 4)
-    if regenerated and dist.main:  # what this run generated joins the committed data
-        write_regenerated(regenerated, work, loaded, {"chat": True, "everyday": True, "regen_text": False})
-    if not seqs:
-        raise ConfigError("no training data", "pass --data debian-docs stdlib chat everyday or your own folders")
+    seqs = sequences(loaded, work, data=data, max_tokens=max_tokens, chat_batch=chat_batch,
+                     chat_max_new=chat_max_new, max_chat_prompts=max_chat_prompts, chat_templates=chat_templates,
+                     max_regen_text=max_regen_text, regenerated=regenerated, dtype=dtype, dist=dist)
     if stop_after == "regenerate":
         return {"stopped_after": "regenerate", "data": {name: int(s.size) for name, s in seqs.items()},
                 "total_seconds": time.perf_counter() - started}
