@@ -28,8 +28,6 @@ the written folder leaves out (the reader and Speculators' verifier loading take
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +40,7 @@ from edge_spec.errors import ConfigError
 from edge_spec.model.eagle3 import NEG, Eagle3Drafter
 from edge_spec.train.dist import Dist, check_batch, rows, wrap
 from edge_spec.train.eagle3_data import Eagle3Shards, target_to_draft_index
+from edge_spec.train.folders import publish_folder
 from edge_spec.train.trainer import global_step_values, lr_scale
 
 
@@ -266,18 +265,4 @@ def publish_eagle3(out: Path, drafter: Eagle3Drafter, report: dict, dtype: torch
     ever sees a half-written drafter folder."""
     from edge_spec.loading.speculators_eagle3 import save_eagle3
 
-    partial = out.parent / f".{out.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        save_eagle3(drafter, partial, dtype=dtype, **config_args)
-        (partial / "training_report.json").write_text(json.dumps(report, indent=2, default=float))
-        if out.exists():
-            old = out.parent / f".{out.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            out.replace(old)
-            partial.replace(out)
-            shutil.rmtree(old)
-        else:
-            partial.replace(out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    publish_folder(out, lambda folder: save_eagle3(drafter, folder, dtype=dtype, **config_args), report)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from edge_spec.model.drafter import new_drafter, pair, save_drafter
 from edge_spec.errors import ConfigError
 from edge_spec.train import data as D
 from edge_spec.train.dist import Dist, agree, barrier, check_batch, main_first, owns
+from edge_spec.train.folders import publish_folder
 from edge_spec.train.shard_quant import encode_arrays
 from edge_spec.train.teacher import autocast_dtype, batched_greedy, extract
 from edge_spec.train.trainer import (ShardData, TrainConfig, ensure_teacher_top, top_sidecar, train,
@@ -391,21 +391,6 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
 
 
 def publish(out: Path, drafter, report: dict, dtype: torch.dtype | None) -> None:
-    """Write the drafter (`dtype` bfloat16: half the bytes, what a committed drafter uses) and its report into a
-    temp folder beside `out`, then rename it to `out` (replacing an earlier chunk's): no reader, and no crash, ever
-    sees a drafter folder without its report or half of one."""
-    partial = out.parent / f".{out.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)  # left by a run killed while writing
-    try:
-        save_drafter(drafter, partial, dtype=dtype)
-        (partial / "training_report.json").write_text(json.dumps(report, indent=2, default=float))
-        if out.exists():
-            old = out.parent / f".{out.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            out.replace(old)
-            partial.replace(out)
-            shutil.rmtree(old)
-        else:
-            partial.replace(out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    """Write the drafter (`dtype` bfloat16: half the bytes, what a committed drafter uses) and its report to `out`,
+    atomically (edge_spec.train.folders.publish_folder)."""
+    publish_folder(out, lambda folder: save_drafter(drafter, folder, dtype=dtype), report)
