@@ -331,7 +331,7 @@ def _write(job: bundle.ExportJob, *, exporter: str, attention: str) -> tuple[dic
     graphs = {"target": GraphEntry(TARGET_FILE, precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, True,
                                                                         len(job.aux_layers) * cfg.hidden_size))}
     if job.aux_layers:  # an eagle3 drafter: its fc and step graphs (exporters/onnx_eagle3.py)
-        graphs.update(write_eagle3(job, functools.partial(_torch_export, exporter=exporter)))
+        graphs.update(write_eagle3(job, functools.partial(_torch_export, exporter=exporter), bits))
     elif drafter is not None:
         step("exporting the drafter graph")
         dproto = export_drafter(drafter, target.model, layout, job.sources, exporter=exporter)

@@ -58,7 +58,7 @@ class FusedOps(Ops):
         self.packed_qkv, self.packed_gate_up = {}, {}
         for block in model.model.layers:
             attn = block.self_attn
-            if not attn.gemma and not attn.reuses_kv:
+            if not attn.gemma and not attn.reuses_kv:  # llama, qwen3 (q/k normed once packed: norm_packed)
                 self.packed_qkv[attn] = packed_linear(attn.q_proj, attn.k_proj, attn.v_proj)
             self.packed_gate_up[block.mlp] = packed_linear(block.mlp.gate_proj, block.mlp.up_proj)
 

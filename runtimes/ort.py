@@ -129,11 +129,12 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
         entry = manifest.graphs[name]
         sessions[name] = make_session(folder / entry.file, provider=provider, threads=threads, spin=False)
         check_graph_io(sessions[name], entry.io, folder / entry.file)
-    if manifest.drafter.kind == EAGLE3:  # its own cache, its fc graph (runtimes/ort_eagle3.py)
-        draft = draft_layout(manifest.drafter.draft_layout, layout.max_context)
-        return backend, OrtEagle3Drafter(sessions["drafter"], sessions[EAGLE3_FC_GRAPH], backend, draft)
     entry, session = manifest.graphs["drafter"], sessions["drafter"]
     wanted = {t.name for t in entry.io.inputs}
+    if manifest.drafter.kind == EAGLE3:  # its own cache, its fc graph (runtimes/ort_eagle3.py)
+        draft = draft_layout(manifest.drafter.draft_layout, layout.max_context)
+        return backend, OrtEagle3Drafter(sessions["drafter"], sessions[EAGLE3_FC_GRAPH], backend, draft,
+                                         {name: t for name, t in tables.items() if name in wanted})
     runner = OrtDrafter(session, backend, {k: int(v) for k, v in manifest.drafter.kv_sharing.items()},
                         {name: t for name, t in tables.items() if name in wanted}, manifest.drafter.candidates_per_step)
     return backend, runner

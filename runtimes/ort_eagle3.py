@@ -47,15 +47,16 @@ def draft_layout(manifest_layout: kv.KVLayout, max_context: int) -> kv.KVLayout:
 class OrtEagle3Drafter:
     """DrafterBackend over an eagle3 bundle's step and fc graphs, beside the OrtBackend whose passes it records."""
 
-    def __init__(self, step_session, fc_session, target, draft: kv.KVLayout):
+    def __init__(self, step_session, fc_session, target, draft: kv.KVLayout, tables: dict | None = None):
         """Sessions of the bundle's "drafter" and "drafter_fc" graphs (runtimes/ort.open_bundle); `target`: the
-        OrtBackend; `draft`: the drafter's cache layout for this session (`draft_layout`)."""
+        OrtBackend; `draft`: the drafter's cache layout for this session (`draft_layout`); `tables`: the bundle's
+        memory-mapped shared tables the step graph takes as inputs (its token embedding; none when it has its own)."""
         if not target.aux_width:
             raise BundleError(f"the target graph has no {kv.AUX_HIDDEN} output, which an eagle3 drafter reads",
                               "re-export the bundle with this edge-spec (edge-spec export --drafter EAGLE3_FOLDER)")
         self.session, self.fc = step_session, fc_session
         self.record = target.aux_sink = AuxRecord(target.layout.max_context, target.aux_width)
-        self.draft = draft
+        self.draft, self.tables = draft, dict(tables or {})
         self.caches = IoCaches(draft, BUCKET)
         capacity = draft.max_context  # slots: max_context + 1
         self.tokens = np.full(capacity + 1, -1, dtype=np.int64)  # token at each position when its row was computed
@@ -111,6 +112,7 @@ class OrtEagle3Drafter:
         for i, spec in enumerate(self.draft.caches):
             k_name, v_name = kv.draft_cache_names(spec.layer)
             feeds[k_name], feeds[v_name] = self.caches.views(i)
+        feeds.update(self.tables)  # [V, H] or its quantized form: onnxruntime reads the mapped bytes, no copy
         start = time.perf_counter()
         out = self.session.run(None, feeds)
         self.kernel_s += time.perf_counter() - start

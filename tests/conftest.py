@@ -8,7 +8,7 @@ Two tiers, chosen from the fixtures a test uses and never by hand:
 
 import pytest
 
-from tests.tiny import gemma4_config, llama_config, save_reference
+from tests.tiny import gemma4_config, llama_config, qwen3_config, save_reference
 
 # The fixtures that stand for real-model work: a real checkpoint, its conversion or oracle, a full-size export,
 # an E2B-sized model. Fixtures defined in test modules belong here when they depend on one of these.
@@ -51,6 +51,12 @@ def tiny_llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-qwen3")
+    return folder, save_reference(qwen3_config(), folder)
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma4(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-gemma4")
     return folder, save_reference(gemma4_config(), folder)
@@ -58,12 +64,12 @@ def tiny_gemma4(tmp_path_factory):
 
 # ---- tiny bundles of every format, each exported once per session (per xdist worker) --------------------------------
 @pytest.fixture(scope="session")
-def tiny_bundles(tiny_llama, tiny_gemma4, tmp_path_factory):
+def tiny_bundles(tiny_llama, tiny_gemma4, tiny_qwen3, tmp_path_factory):
     """tests/contract.BundleFactory: `tiny_bundles.get(format, family[, binding])` -> (folder, target, drafter),
     exported on first use. Tests that share a bundle must share an xdist group (tests/contract.Row.group)."""
     from tests.contract import BundleFactory
 
-    return BundleFactory(tmp_path_factory, {"llama": tiny_llama[0], "gemma": tiny_gemma4[0]})
+    return BundleFactory(tmp_path_factory, {"llama": tiny_llama[0], "gemma": tiny_gemma4[0], "qwen3": tiny_qwen3[0]})
 
 
 @pytest.fixture(scope="session")

@@ -36,10 +36,15 @@ def tiny_drafter(cfg, **kwargs):
 
 
 # ---- the rows ---------------------------------------------------------------------------------------------------
-# family -> its drafter: llama's clustered head scores with the target's (tied) table, gemma's is dense with its own
-DRAFTERS = {"llama": dict(head_from="target"), "gemma": dict(clustered=False)}
+# family -> its drafter: llama's and qwen3's clustered heads score with the target's (tied) table, gemma's is dense
+# with its own
+DRAFTERS = {"llama": dict(head_from="target"), "gemma": dict(clustered=False), "qwen3": dict(head_from="target")}
 # passes of <= 9 tokens: gemma's rings of 6 + 9 - 1 = 14 slots (`state`: 15), so the tests wrap them many times
-SHAPES = {"llama": dict(max_context=160), "gemma": dict(max_context=96, max_pass=9)}
+SHAPES = {"llama": dict(max_context=160), "gemma": dict(max_context=96, max_pass=9), "qwen3": dict(max_context=160)}
+# qwen3 (llama blocks + per-head q/k norms, head_dim != hidden / heads) runs every claim in one row per format and
+# KV binding that takes it, not in every binding: each row exports its bundles (QNN: its llama and gemma rows)
+QWEN3_ROWS = {("onnx", kv.BINDING_IO), ("onnx", kv.BINDING_SHARED), ("executorch", kv.BINDING_STATE),
+              ("coreml", kv.BINDING_IO)}
 FIXED = dict(max_draft_len=4, max_pass=9)  # fixed-shape formats: target graphs of 1, 2, 3, 5 and 9 tokens
 WINDOWS = ((58, 6), (61, 5), (40, 2), (64, 4), (26, 9))  # (start, T): verify passes across bucket edges, ring wraps
 
@@ -49,7 +54,7 @@ class Row:
     """One (format, family, binding): how its tiny bundle is exported and what its tests measure it with."""
 
     format: str
-    family: str  # "llama" | "gemma" (tests/conftest.py's tiny checkpoints)
+    family: str  # "llama" | "gemma" | "qwen3" (tests/conftest.py's tiny checkpoints)
     binding: str
     group: str  # the xdist group of the per-format file that builds the same bundles (one bundle, one worker)
     export: dict = field(default_factory=dict)  # export_bundle options (precision, lengths, context)
@@ -77,20 +82,22 @@ class Row:
 
 def _rows() -> list[Row]:
     rows = []
-    for family in ("llama", "gemma"):
+    for family in ("llama", "gemma", "qwen3"):
         shape = SHAPES[family]
-        onnx_windows = ((70, WINDOWS[:4]) if family == "llama" else
+        onnx_windows = ((70, WINDOWS[:4]) if family != "gemma" else
                         (80, ((58, 6), (53, 6), (40, 2), (64, 4), (26, 9))))
         rows.append(Row("onnx", family, kv.BINDING_IO, "test_onnx.py",
                         export=dict(precision="fp32", binding=kv.BINDING_IO, **shape),
                         verify=onnx_windows, spec_tokens=40, damage="onnx/target.onnx",
                         unreadable=r"target\.onnx: onnxruntime .*cannot load this graph"))
-        if family == "llama":  # GroupQueryAttention writing the caches in place (full-attention llama models only)
+        if family != "gemma":  # GroupQueryAttention writing the caches in place (full-attention llama-like models)
             rows.append(Row("onnx", family, kv.BINDING_SHARED, "test_onnx.py",
                             export=dict(precision="fp32", binding=kv.BINDING_SHARED, **shape), verify=onnx_windows,
                             spec_tokens=40, damage="onnx/target.onnx",
                             unreadable=r"target\.onnx: onnxruntime .*cannot load this graph"))
-        rows.append(Row("executorch", family, kv.BINDING_STATE, "tiny-pte", export=dict(precision="fp32", **shape),
+        # qwen3's .pte is read by no native test: its own group, so it is not queued behind the native builds
+        group = "tiny-pte" if family != "qwen3" else "tiny-pte-qwen3"
+        rows.append(Row("executorch", family, kv.BINDING_STATE, group, export=dict(precision="fp32", **shape),
                         threads=2, spec_tokens=40, reject_tokens=70,
                         verify=(130, WINDOWS if family == "gemma" else WINDOWS[:4] + ((120, 9),)),
                         damage="executorch/program.pte",
@@ -112,6 +119,7 @@ def _rows() -> list[Row]:
                         threads=2, spec_tokens=20, reject_tokens=30,
                         verify=(45, ((20, 5), (30, 9), (41, 3) if family == "llama" else (12, 3))),
                         damage="qnn/target_1.ctx.onnx", unreadable=r"target_1\.ctx\.onnx: onnxruntime cannot load it"))
+    rows = [r for r in rows if r.family != "qwen3" or (r.format, r.binding) in QWEN3_ROWS]
     # the toy format (tests/test_toy_format.py, registered at run time): full-attention llama, no drafter of its own
     rows.append(Row("toy", "llama", kv.BINDING_IO, "test_toy_format.py", export=dict(precision="fp32", max_context=160),
                     drafter=False, spec_tokens=16,

@@ -36,6 +36,22 @@ OPTIONS = {  # two of Speculators' norm options per bundle, two exporters
     "norm_before_residual": ({"norm_before_residual": True}, "dynamo"),
     "fc_norm+norm_output": ({"fc_norm": True, "norm_output": True}, "torchscript"),
 }
+SHARED = "norm_before_residual+target-table"  # the drafter embeds with the target's own table (Speculators' default)
+
+
+def with_target_table(drafter, target):
+    """The drafter with embed_tokens = the target's input embedding (a Speculators checkpoint that leaves it out)."""
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.model.model.embed_tokens.weight)
+    return drafter
+
+
+def table_feeds(folder, m) -> dict:
+    """The bundle's shared tables the step graph takes as inputs (none when it keeps a table of its own)."""
+    from edge_spec.contract.manifest import read_table
+
+    wanted = {t.name for t in m.graphs["drafter"].io.inputs}
+    return {name: np.asarray(read_table(folder, entry)) for name, entry in m.tables.items() if name in wanted}
 
 
 @pytest.fixture(autouse=True)
@@ -48,11 +64,14 @@ def target(tiny_llama):
     return checkpoints.load(str(tiny_llama[0]))
 
 
-@pytest.fixture(scope="module", params=list(OPTIONS))
+@pytest.fixture(scope="module", params=[*OPTIONS, SHARED])
 def exported(request, target, tmp_path_factory):
     """(bundle folder, the eager drafter it was exported from)."""
-    options, exporter = OPTIONS[request.param]
-    drafter = drafter_for(target, seed=len(request.param), **options)
+    name = request.param.split("+target-table")[0]
+    options, exporter = OPTIONS[name]
+    drafter = drafter_for(target, seed=len(name), **options)
+    if request.param == SHARED:
+        drafter = with_target_table(drafter, target)
     folder = export_bundle(target, tmp_path_factory.mktemp("eagle3-onnx") / "bundle", format="onnx",
                            drafter=drafter, max_context=128, exporter=exporter)
     return folder, drafter
@@ -88,7 +107,7 @@ def test_exported_graphs_match_the_eager_drafter(exported):
         [fused] = fc.run(None, {kv.AUX_HIDDEN: aux})
         names = kv.draft_cache_names(0)
         out = step.run(None, {kv.INPUT_IDS: ids, kv.HIDDEN: fused, kv.POSITION_IDS: pos, kv.DRAFT_MASK: mask,
-                              names[0]: caches[0], names[1]: caches[1]})
+                              names[0]: caches[0], names[1]: caches[1], **table_feeds(folder, m)})
         with torch.no_grad():
             want_fused = drafter.fuse(torch.from_numpy(aux))
             ref = drafter(want_fused, torch.from_numpy(ids), torch.from_numpy(pos), torch.from_numpy(mask),
@@ -190,6 +209,52 @@ def test_a_speculators_folder_exports_and_its_bundle_runs_on_both_runtimes(tiny_
         assert out.tokens == engine.generate(prompt, max_new_tokens=16, speculative=False).tokens
         runs.append((out.tokens, list(out.extra["spec"].accepted)))
     assert runs[0] == runs[1]
+
+
+def _vocab_tables(path, vocab: int, hidden: int = 64) -> list[str]:
+    """A graph file's float32 [V, H] initializers (a vocabulary-sized table stored in it)."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return [i.name for i in proto.graph.initializer if i.data_type == onnx.TensorProto.FLOAT
+            and tuple(i.dims) == (vocab, hidden)]
+
+
+def test_the_drafter_gathers_the_bundles_one_table(exported, target):
+    """A drafter whose embed_tokens is the target's takes the bundle's shared table as inputs and stores no
+    vocabulary-sized table; one with a table of its own keeps it (float32 in an fp32 bundle)."""
+    folder, drafter = exported
+    m = read_manifest(folder)
+    shared = torch.equal(drafter.embed_tokens.weight, target.model.model.embed_tokens.weight)
+    inputs = [t.name for t in m.graphs["drafter"].io.inputs]
+    assert (kv.EMBED_TABLE in inputs) == shared
+    assert bool(_vocab_tables(folder / m.graphs["drafter"].file, target.config.vocab_size)) == (not shared)
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("table", ["target", "own"])
+def test_quantized_bundles_store_no_float_vocabulary_table(target, tmp_path, precision, table):
+    """int8 / int4: the drafter gathers the tied head's quantized bytes (the target's table) or its own table on the
+    head's grid; no float32 [V, H] array is written in either; greedy speculative == plain through ORT."""
+    drafter = drafter_for(target, seed=3, norm_before_residual=True)
+    if table == "target":
+        drafter = with_target_table(drafter, target)
+    folder = export_bundle(target, tmp_path / "bundle", format="onnx", drafter=drafter, max_context=64,
+                           exporter="torchscript", precision=precision)
+    m = read_manifest(folder)
+    vocab = target.config.vocab_size
+    inputs = {t.name for t in m.graphs["drafter"].io.inputs}
+    bits = kv.table_bits(m.tables)
+    assert bits == {"int8": 8, "int4": 4}[precision] and kv.EMBED_TABLE not in m.tables
+    assert ({t.name for t in kv.table_specs(vocab, target.config.hidden_size, bits)} <= inputs) == (table == "target")
+    for graph in ("target", "drafter", "drafter_fc"):
+        assert not _vocab_tables(folder / m.graphs[graph].file, vocab), graph
+    engine = load_bundle(folder, host_check=False)
+    prompt = [int(i) for i in np.random.default_rng(5).integers(4, 320, 10)]
+    plain = engine.generate(prompt, max_new_tokens=24, speculative=False)
+    spec = engine.generate(prompt, max_new_tokens=24, speculative=True, allow_inexact=True, lookup=False, spec_k=3,
+                           adaptive=False)
+    assert spec.tokens == plain.tokens and spec.extra["spec"].drafted.sum() > 0
 
 
 def test_other_formats_refuse_an_eagle3_drafter(target, tmp_path):

@@ -4,7 +4,8 @@ runtimes/ort_eagle3.py on the same bundle.
 
 Tiny random Speculators EAGLE-3 drafters for the tiny llama (tests/test_eagle3_speculative.py `drafter_for`), two of
 Speculators' norm options and both exporters (tests/test_eagle3_onnx.py OPTIONS), exported as test_eagle3_onnx.py
-exports them, and the first again over a target with the `shared` KV binding. One runner process per bundle serves every request (`--requests -`), so the drafter's own cache is
+exports them, the first again over a target with the `shared` KV binding, and an int4 bundle whose drafter gathers
+the target's quantized table (the step graph's table inputs: the bundle's one copy, bound by the runner). One runner process per bundle serves every request (`--requests -`), so the drafter's own cache is
 carried from one generation to the next as in the Python engine, which runs the same requests in the same order:
 
   * greedy speculative at k = 1, 2, 4 == plain greedy (native) == the Python runtime's tokens, with the same drafts
@@ -32,7 +33,7 @@ from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import accept_all, generate_speculative
 from edge_spec.loading import checkpoints
 from edge_spec.runtimes.ort_eagle3 import OrtEagle3Drafter
-from tests.test_eagle3_onnx import OPTIONS
+from tests.test_eagle3_onnx import OPTIONS, with_target_table
 from tests.test_eagle3_speculative import drafter_for
 from tests.test_native import native, run  # noqa: F401 (the build fixture, the CLI helper)
 from tests.test_native_ort import ort_native  # noqa: F401 (the build, with the onnx backend)
@@ -56,18 +57,22 @@ def target(tiny_llama):
 
 # test_eagle3_onnx.py's bundles (`io` KV binding), and the first one's drafter over a target with the `shared`
 # binding (GroupQueryAttention writing the runner's caches in place; the drafter's own cache stays `io`)
-BUNDLES = {name: (options, exporter, "io") for name, (options, exporter) in OPTIONS.items()}
-BUNDLES["norm_before_residual+shared"] = (*OPTIONS["norm_before_residual"], "shared")
+# binding, and an int4 bundle whose drafter gathers the target's quantized table (the bundle's one copy)
+BUNDLES = {name: (options, exporter, "io", "fp32") for name, (options, exporter) in OPTIONS.items()}
+BUNDLES["norm_before_residual+shared"] = (*OPTIONS["norm_before_residual"], "shared", "fp32")
+BUNDLES["norm_before_residual+target-table-int4"] = (*OPTIONS["norm_before_residual"], "io", "int4")
 
 
 @pytest.fixture(scope="module", params=list(BUNDLES))
 def eagle3_onnx(request, ort_native, target, tmp_path_factory):  # noqa: F811
     """An eagle3 onnx bundle (max_context 128), as tests/test_eagle3_onnx.py exports it for the same options."""
-    options, exporter, binding = BUNDLES[request.param]
-    name = request.param.split("+shared")[0]
+    options, exporter, binding, precision = BUNDLES[request.param]
+    name = request.param.split("+")[0]
     drafter = drafter_for(target, seed=len(name), **options)
+    if "target-table" in request.param:
+        drafter = with_target_table(drafter, target)
     return export_bundle(target, tmp_path_factory.mktemp("native-eagle3") / "bundle", format="onnx", drafter=drafter,
-                         max_context=128, exporter=exporter, binding=binding)
+                         max_context=128, exporter=exporter, binding=binding, precision=precision)
 
 
 def prompt(seed: int, n: int = 12) -> list[int]:

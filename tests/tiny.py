@@ -46,6 +46,19 @@ def llama_config(**overrides):
     return LlamaConfig(**{**args, **overrides})
 
 
+def qwen3_config(**overrides):
+    """A tiny Qwen3Config: llama's shape with head_dim 32 != hidden / heads (16), so that the loader reads it, tied
+    embeddings as in Qwen3-0.6B, RoPE base 1e6 as Qwen3 ships."""
+    from transformers import Qwen3Config
+
+    args = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+                tie_word_embeddings=True, max_position_embeddings=512, bos_token_id=3, eos_token_id=2)
+    cfg = Qwen3Config(**{**args, **overrides})
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
 def gemma4_config(**overrides):
     from transformers import Gemma4TextConfig
 
@@ -61,11 +74,12 @@ def gemma4_config(**overrides):
 
 
 def save_reference(config, folder: Path, seed: int = 0):
-    """Build the transformers reference model for `config`, save it as an HF folder, return it."""
-    from transformers import Gemma4ForCausalLM, LlamaForCausalLM
+    """Build the transformers reference model for `config`, save it as an HF folder, return it (llama, qwen3 or
+    gemma4; qwen3's and gemma4's norms perturbed)."""
+    from transformers import Gemma4ForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    cls = LlamaForCausalLM if config.model_type == "llama" else Gemma4ForCausalLM
+    cls = {"llama": LlamaForCausalLM, "qwen3": Qwen3ForCausalLM}.get(config.model_type, Gemma4ForCausalLM)
     model = cls(config).eval()
     if config.model_type != "llama":
         randomize_gemma_norms(model, seed)

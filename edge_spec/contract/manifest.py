@@ -24,9 +24,9 @@ from edge_spec.errors import BundleError
 from edge_spec.contract.formats import FORMATS
 from edge_spec.contract.manifest_check import check_fields, check_tables
 from edge_spec.contract.datastore_check import DATASTORE_KEY, check_datastore
-from edge_spec.contract.kv import (AUX_HIDDEN, BINDING_IO, DRAFT_KIND, OUTPUT_TABLE, GraphIO, KVLayout, TensorSpec,
-                                  aux_size, drafter_io, eagle3_drafter_io, eagle3_fc_io, has_logit_rows, ring_slots,
-                                  table_bits, target_io)
+from edge_spec.contract.kv import (AUX_HIDDEN, BINDING_IO, DRAFT_KIND, OUTPUT_TABLE, TARGET_TABLES, GraphIO, KVLayout,
+                                  TensorSpec, aux_size, drafter_io, eagle3_drafter_io, eagle3_fc_io, has_logit_rows,
+                                  ring_slots, table_bits, table_specs, target_io)
 
 SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
 READABLE_VERSIONS = (1, 2)  # 1: no cap per forward; its sliding layers use the split attention form
@@ -343,8 +343,10 @@ def _verify_eagle3(m: Manifest, path: Path) -> None:
     for name in ("drafter", EAGLE3_FC_GRAPH):
         if name not in m.graphs:
             raise BundleError(f"{path}: the eagle3 drafter entry has no {name!r} graph", _REEXPORT)
-    _same_io(f"{path}: drafter graph", m.graphs["drafter"].io,
-             eagle3_drafter_io(draft, m.hidden_size, d.draft_vocab_size))
+    io = m.graphs["drafter"].io
+    shared = any(t.name in TARGET_TABLES for t in io.inputs)  # it gathers the target's table (else keeps its own)
+    tables = table_specs(m.vocab_size, m.hidden_size, table_bits(m.tables)) if shared else []
+    _same_io(f"{path}: drafter graph", io, eagle3_drafter_io(draft, m.hidden_size, d.draft_vocab_size, tuple(tables)))
     _same_io(f"{path}: {EAGLE3_FC_GRAPH} graph", m.graphs[EAGLE3_FC_GRAPH].io,
              eagle3_fc_io(len(d.aux_layers) * m.hidden_size, m.hidden_size))
 

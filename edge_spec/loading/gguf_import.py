@@ -1,9 +1,9 @@
-"""Turn a llama-architecture GGUF file into a Hugging Face Llama checkpoint folder (gemma3: edge_spec.loading.gguf_gemma3;
-what both share: edge_spec.loading.gguf_common).
+"""Turn a llama- or qwen3-architecture GGUF file into a Hugging Face Llama / Qwen3 checkpoint folder (gemma3:
+edge_spec.loading.gguf_gemma3; what both share: edge_spec.loading.gguf_common).
 
 The folder holds the four files `transformers` and `tokenizers` need::
 
-    config.json            LlamaConfig, fp32
+    config.json            LlamaConfig / Qwen3Config, fp32
     model.safetensors      dequantized fp32 weights under Hugging Face names
     tokenizer.json         byte-level BPE rebuilt from the GGUF tokenizer metadata
     tokenizer_config.json  special tokens, add_bos_token and the chat template
@@ -11,9 +11,12 @@ The folder holds the four files `transformers` and `tokenizers` need::
 Two GGUF quirks are undone on the way:
 
 * llama.cpp interleaves the rows of every q/k head for its RoPE layout (`convert_hf_to_gguf.py`
-  "permute"); `_unpermute_rope_rows` restores the Hugging Face "rotate half" order.
+  "permute", its LlamaModel only); `_unpermute_rope_rows` restores the Hugging Face "rotate half" order. Qwen3
+  (convert_hf_to_gguf's Qwen3Model, a Qwen2Model: names mapped, nothing permuted; llama.cpp runs it with NeoX RoPE,
+  which is "rotate half") stores them as Hugging Face does, beside its per-head q/k norms (attn_q_norm / attn_k_norm).
 * The pre-tokenizer is not stored as a rule, only as a name (`tokenizer.ggml.pre`);
-  `_PRE_TOKENIZERS` maps the names we support to the split llama.cpp applies for them.
+  `_PRE_TOKENIZERS` maps the names we support to the split llama.cpp applies for them, `_SPLIT_PATTERNS` those
+  whose split is a regex of their own (Qwen's "qwen2": what Hugging Face's Qwen2 tokenizer.json applies).
 
 The output folder appears atomically: everything is written into a sibling temporary folder
 that is renamed into place only once complete (`gguf_common.convert`).
@@ -29,7 +32,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 from safetensors.numpy import save_file
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tqdm.auto import tqdm
 
 from edge_spec.loading.gguf_common import (LAYER_NAME, REQUIRED, GGUFImportError, cache_root, convert, read_field,
@@ -56,6 +59,7 @@ _LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+_QK_NORM_TENSORS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}  # qwen3 only
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -76,6 +80,15 @@ _PRE_TOKENIZERS = {
     "mpt": False,
     "olmo": False,
 }
+# `tokenizer.ggml.pre` values whose split is a regex of their own (then bytes mapped, no GPT-2 regex), with the NFC
+# normalizer of the Hugging Face tokenizer.json they come from (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2 regex; the
+# pattern of transformers' Qwen2Converter)
+_SPLIT_PATTERNS = {
+    "qwen2": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+              r"|\s+(?!\S)|\s+"),
+}
+# GGUF architectures written as llama-style folders -> (model_type, architectures entry)
+_LLAMA_LIKE = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}
 
 
 def find_smollm2_gguf() -> Path:
@@ -95,20 +108,20 @@ def find_smollm2_gguf() -> Path:
 
 
 def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
-    """Convert a llama (or gemma3) GGUF file into a Hugging Face folder at `out_dir`.
+    """Convert a llama, qwen3 or gemma3 GGUF file into a Hugging Face folder at `out_dir`.
 
     Returns `out_dir` right away if it already holds all of `gguf_common.HF_FILES`. Otherwise the folder is
     built in `<out_dir>.tmp-<pid>` next to it and renamed into place; on any failure the
     temporary folder is removed and no `out_dir` is left behind.
 
-    Raises GGUFImportError for a file that is unreadable, truncated, not llama or gemma3, or
+    Raises GGUFImportError for a file that is unreadable, truncated, not llama, qwen3 or gemma3, or
     uses features this importer does not handle (and if `out_dir` exists but is incomplete).
     """
     return convert(Path(gguf_path), Path(out_dir), _write_folder, progress=progress)
 
 
 def _write_folder(reader: GGUFReader, path: Path, out: Path, progress: bool) -> None:
-    """The four HF_FILES of the GGUF's architecture (llama here, gemma3 in edge_spec.loading.gguf_gemma3)."""
+    """The four HF_FILES of the GGUF's architecture (llama and qwen3 here, gemma3 in edge_spec.loading.gguf_gemma3)."""
     if read_field(reader, "general.architecture", path) == "gemma3":
         write_gemma3_folder(reader, path, out, progress)
     else:
@@ -116,7 +129,7 @@ def _write_folder(reader: GGUFReader, path: Path, out: Path, progress: bool) -> 
 
 
 def _write_llama_folder(reader: GGUFReader, path: Path, out: Path, progress: bool) -> None:
-    """The four HF_FILES of a llama GGUF, written into the folder `out`."""
+    """The four HF_FILES of a llama or qwen3 GGUF, written into the folder `out`."""
     config = _llama_config(reader, path)
     write_json(out / "config.json", config)
     tokenizer, tokenizer_config = _build_tokenizer(reader, path, config["max_position_embeddings"])
@@ -137,13 +150,14 @@ def builtin_smollm2_folder(cache_dir: Path | None = None) -> Path:
 
 
 def _llama_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
-    """config.json contents for LlamaForCausalLM, from the `llama.*` metadata."""
+    """config.json contents for LlamaForCausalLM / Qwen3ForCausalLM, from the `llama.*` / `qwen3.*` metadata."""
     arch = read_field(reader, "general.architecture", path)
-    if arch != "llama":
-        raise GGUFImportError(f"{path.name}: architecture is {arch!r}; only 'llama' and 'gemma3' GGUF files import")
+    if arch not in _LLAMA_LIKE:
+        raise GGUFImportError(f"{path.name}: architecture is {arch!r}; only 'llama', 'qwen3' and 'gemma3' GGUF files "
+                              "import", "convert the Hugging Face checkpoint instead, or use a GGUF of those")
 
     def get(key: str, default: Any = REQUIRED) -> Any:
-        return read_field(reader, f"llama.{key}", path, default)
+        return read_field(reader, f"{arch}.{key}", path, default)
 
     hidden = int(get("embedding_length"))
     n_head = int(get("attention.head_count"))
@@ -156,9 +170,10 @@ def _llama_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
     rope_theta = short_float(get("rope.freq_base", 10000.0))
     names = {t.name for t in reader.tensors}
     vocab_size = int(get("vocab_size", len(read_field(reader, "tokenizer.ggml.tokens", path))))
+    model_type, hf_class = _LLAMA_LIKE[arch]
     config: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [hf_class],
+        "model_type": model_type,
         "vocab_size": vocab_size,
         "hidden_size": hidden,
         "intermediate_size": int(get("feed_forward_length")),
@@ -179,6 +194,8 @@ def _llama_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
         "use_cache": True,
         "torch_dtype": "float32",
     }
+    if arch == "qwen3":  # llama.cpp runs every qwen3 layer with full attention
+        config["use_sliding_window"] = False
     for name in ("bos", "eos", "padding"):
         token_id = read_field(reader, f"tokenizer.ggml.{name}_token_id", path, None)
         if token_id is not None:
@@ -208,6 +225,8 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         "input_layernorm": (hidden,),
         "post_attention_layernorm": (hidden,),
     }
+    if config["model_type"] == "qwen3":
+        per_layer.update({module: (config["head_dim"],) for module in _QK_NORM_TENSORS.values()})
     for i in range(config["num_hidden_layers"]):
         for module, shape in per_layer.items():
             shapes[f"model.layers.{i}.{module}.weight"] = shape
@@ -218,8 +237,9 @@ def _hf_tensor_name(gguf_name: str) -> str | None:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
     match = LAYER_NAME.fullmatch(gguf_name)
-    if match and match.group(2) in _LAYER_TENSORS:
-        return f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}.weight"
+    layer_tensors = {**_LAYER_TENSORS, **_QK_NORM_TENSORS}  # a llama file with q/k norms fails the shape table
+    if match and match.group(2) in layer_tensors:
+        return f"model.layers.{match.group(1)}.{layer_tensors[match.group(2)]}.weight"
     return None
 
 
@@ -244,7 +264,7 @@ def _convert_tensors(
     for tensor in tqdm(reader.tensors, desc=f"Converting {path.name}", unit="tensor", disable=not progress):
         hf_name = _hf_tensor_name(tensor.name)
         if hf_name not in expected:
-            raise GGUFImportError(f"{path.name}: unexpected tensor {tensor.name!r} for a llama model")
+            raise GGUFImportError(f"{path.name}: unexpected tensor {tensor.name!r} for a {config['model_type']} model")
         try:
             weight = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         except Exception as exc:
@@ -254,10 +274,9 @@ def _convert_tensors(
             raise GGUFImportError(
                 f"{path.name}: {tensor.name!r} has shape {weight.shape}, expected {expected[hf_name]}"
             )
-        if hf_name.endswith("q_proj.weight"):
-            weight = _unpermute_rope_rows(weight, config["num_attention_heads"])
-        elif hf_name.endswith("k_proj.weight"):
-            weight = _unpermute_rope_rows(weight, config["num_key_value_heads"])
+        if config["model_type"] == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config["num_attention_heads" if "q_proj" in hf_name else "num_key_value_heads"]
+            weight = _unpermute_rope_rows(weight, heads)  # only convert_hf_to_gguf's LlamaModel permutes them
         tensors[hf_name] = np.ascontiguousarray(weight)
     missing = sorted(set(expected) - set(tensors))
     if missing:
@@ -274,8 +293,9 @@ def _build_tokenizer(reader: GGUFReader, path: Path, max_length: int) -> tuple[T
     if kind != "gpt2":
         raise GGUFImportError(f"{path.name}: tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
     pre = read_field(reader, "tokenizer.ggml.pre", path, "gpt2")
-    if pre not in _PRE_TOKENIZERS:
-        raise GGUFImportError(f"{path.name}: pre-tokenizer {pre!r} is not supported ({sorted(_PRE_TOKENIZERS)})")
+    if pre not in _PRE_TOKENIZERS and pre not in _SPLIT_PATTERNS:
+        raise GGUFImportError(f"{path.name}: pre-tokenizer {pre!r} is not supported "
+                              f"({sorted({*_PRE_TOKENIZERS, *_SPLIT_PATTERNS})})")
 
     tokens: list[str] = read_field(reader, "tokenizer.ggml.tokens", path)
     token_types: list[int] = read_field(reader, "tokenizer.ggml.token_type", path, [1] * len(tokens))
@@ -287,7 +307,12 @@ def _build_tokenizer(reader: GGUFReader, path: Path, max_length: int) -> tuple[T
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     add_prefix_space = bool(read_field(reader, "tokenizer.ggml.add_space_prefix", path, False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, trim_offsets=True, use_regex=True)
-    if _PRE_TOKENIZERS[pre]:
+    if pre in _SPLIT_PATTERNS:
+        tokenizer.normalizer = normalizers.NFC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERNS[pre]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, trim_offsets=False, use_regex=False)])
+    elif _PRE_TOKENIZERS[pre]:
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     else:
         tokenizer.pre_tokenizer = byte_level

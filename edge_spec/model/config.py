@@ -1,11 +1,12 @@
 """Model facts in one frozen dataclass, parsed from a Hugging Face config.json.
 
 Everything that varies per layer (attention kind, head dim, KV heads, MLP width, KV sharing) is a
-tuple indexed by layer, so the model code never re-derives it. Two families are supported:
-`llama` (SmolLM2, Llama-2/3 style), `gemma4` (Gemma-4 text: sliding/full layers with their own
-head dims and RoPE, KV sharing, per-layer input embeddings, optional MoE block, soft-capping) and `gemma3`
-(Gemma-3 text: the same sandwich-norm blocks with q/k norms, one head dim, no value norm, per-layer inputs or KV
-sharing, attention scaled by query_pre_attn_scalar ** -0.5, norms that scale by 1 + weight).
+tuple indexed by layer, so the model code never re-derives it. The families:
+`llama` (SmolLM2, Llama-2/3 style), `qwen3` (Qwen3ForCausalLM: llama blocks with a per-head RMSNorm of q and of
+k between the projections and the rotation, a head dim of their own), `gemma4` (Gemma-4 text: sliding/full layers
+with their own head dims and RoPE, KV sharing, per-layer input embeddings, optional MoE block, soft-capping) and
+`gemma3` (Gemma-3 text: the same sandwich-norm blocks with q/k norms, one head dim, no value norm, per-layer inputs or
+KV sharing, attention scaled by query_pre_attn_scalar ** -0.5, norms that scale by 1 + weight).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ FULL = "full"
 SLIDING = "sliding"
 
 LLAMA = "llama"
+QWEN3 = "qwen3"
 GEMMA3 = "gemma3"
 GEMMA4 = "gemma4"
 GEMMA_FAMILIES = (GEMMA3, GEMMA4)  # sandwich-norm blocks, q/k norms, embeddings scaled by sqrt(hidden)
-SUPPORTED_MODEL_TYPES = {"llama": LLAMA, "gemma3_text": GEMMA3, "gemma4_text": GEMMA4, "gemma4": GEMMA4}
+QK_NORM_FAMILIES = (QWEN3, *GEMMA_FAMILIES)  # a per-head RMSNorm of q and of k before the rotation
+SUPPORTED_MODEL_TYPES = {"llama": LLAMA, "qwen3": QWEN3, "gemma3_text": GEMMA3, "gemma4_text": GEMMA4, "gemma4": GEMMA4}
+QWEN3_HEAD_DIM = 128  # Qwen3Config's default head_dim (not hidden / heads), for a config.json without one
 
 # KV sharing roles (Gemma-4's kv_sharing_modes): a "store" layer's keys/values are reused by
 # later "reuse" layers of the same kind; "reuse" layers own no cache and no k/v projections.
@@ -82,7 +86,7 @@ def _llama3_scale(inv: np.ndarray, r: RopeSpec) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # LLAMA | GEMMA3 | GEMMA4
+    family: str  # LLAMA | QWEN3 | GEMMA3 | GEMMA4
     vocab_size: int
     hidden_size: int
     num_heads: int
@@ -161,15 +165,16 @@ def from_hf_dict(d: dict, source: str = "config.json") -> ModelConfig:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise CheckpointError(f"{source}: unsupported model_type {model_type!r}",
                               f"edge-spec supports {sorted(SUPPORTED_MODEL_TYPES)}")
-    parse = {LLAMA: _parse_llama, GEMMA3: _parse_gemma3, GEMMA4: _parse_gemma4}[SUPPORTED_MODEL_TYPES[model_type]]
+    parse = {LLAMA: _parse_llama, QWEN3: _parse_qwen3, GEMMA3: _parse_gemma3,
+             GEMMA4: _parse_gemma4}[SUPPORTED_MODEL_TYPES[model_type]]
     return parse(d, source)
 
 
-def _parse_llama(d: dict, source: str) -> ModelConfig:
+def _parse_llama(d: dict, source: str, family: str = LLAMA, torch_pow: bool = False) -> ModelConfig:
     hidden = _require(d, "hidden_size", source)
     heads = _require(d, "num_attention_heads", source)
     layers = _require(d, "num_hidden_layers", source)
-    head_dim = d.get("head_dim") or hidden // heads
+    head_dim = d.get("head_dim") or (QWEN3_HEAD_DIM if family == QWEN3 else hidden // heads)
     kv_heads = d.get("num_key_value_heads") or heads
     rope_params = d.get("rope_parameters") or d.get("rope_scaling") or {}
     theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
@@ -177,18 +182,34 @@ def _parse_llama(d: dict, source: str) -> ModelConfig:
         raise CheckpointError(f"{source}: llama with sliding_window is not supported", "use a full-attention checkpoint")
     act = d.get("hidden_act", "silu")
     if act != "silu":
-        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for llama", "expected 'silu'")
+        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for {family}", "expected 'silu'")
     return ModelConfig(
-        family=LLAMA, vocab_size=_require(d, "vocab_size", source), hidden_size=hidden, num_heads=heads,
+        family=family, vocab_size=_require(d, "vocab_size", source), hidden_size=hidden, num_heads=heads,
         layer_kinds=(FULL,) * layers, head_dims=(head_dim,) * layers, kv_heads=(kv_heads,) * layers,
         intermediate_sizes=(_require(d, "intermediate_size", source),) * layers, kv_sharing=(None,) * layers,
-        rope={FULL: _rope_spec({**rope_params, "rope_theta": theta}, head_dim, 10000.0)}, sliding_window=None,
+        rope={FULL: _rope_spec({**rope_params, "rope_theta": theta}, head_dim, 10000.0, torch_pow)},
+        sliding_window=None,
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), hidden_act="silu",
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
         bos_token_id=d.get("bos_token_id"), eos_token_ids=_eos_ids(d.get("eos_token_id")),
         pad_token_id=d.get("pad_token_id"), attention_bias=bool(d.get("attention_bias", False)),
         mlp_bias=bool(d.get("mlp_bias", False)), raw=d)
+
+
+def _parse_qwen3(d: dict, source: str) -> ModelConfig:
+    """Qwen3Config: the llama fields, q/k norms implied by the family. Its sliding_window and max_window_layers apply
+    only with use_sliding_window true, which is refused (as are layer_types other than full attention); RoPE through
+    torch's pow like transformers' (RopeSpec.torch_pow), so that inv_freq is theirs bit for bit."""
+    if d.get("use_sliding_window"):
+        raise CheckpointError(f"{source}: qwen3 with use_sliding_window true is not supported (sliding-window layers "
+                              f"from max_window_layers={d.get('max_window_layers')} on)",
+                              "use a full-attention checkpoint: use_sliding_window false, as Qwen3 releases ship")
+    types = set(d.get("layer_types") or ["full_attention"])
+    if types != {"full_attention"}:
+        raise CheckpointError(f"{source}: qwen3 layer_types {sorted(types)} include layers other than full attention",
+                              "use a full-attention checkpoint (every layer_types entry 'full_attention')")
+    return _parse_llama(d, source, family=QWEN3, torch_pow=True)
 
 
 def _gemma4_kv_sharing(kinds: tuple[str, ...], num_shared: int, source: str) -> tuple[str | None, ...]:

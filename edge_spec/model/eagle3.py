@@ -209,11 +209,12 @@ class Eagle3Drafter(nn.Module):
         return self.fc(aux)
 
     def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                k_caches: list, v_caches: list) -> Eagle3Output:
+                k_caches: list, v_caches: list, embeds: torch.Tensor | None = None) -> Eagle3Output:
         """hidden: [1, T, H] (`fuse` of the aux states, or the previous draft row's `hidden`); input_ids,
         position_ids: [1, T] (target-vocabulary ids); mask: [1, 1, T, S + T] additive; k_caches[i], v_caches[i]:
-        [1, H_kv, S, D] per layer."""
-        embeds = self.embed_tokens(input_ids)  # [1, T, H]
+        [1, H_kv, S, D] per layer; embeds: the tokens' embeddings [1, T, H] when the caller gathers them (from the
+        target's table, which equals embed_tokens), else embed_tokens(input_ids)."""
+        embeds = self.embed_tokens(input_ids) if embeds is None else embeds  # [1, T, H]
         rope = rope_cos_sin(position_ids, self.inv_freq)  # cos, sin [1, T, 1, D]
         x, new_k, new_v = hidden, [], []
         for i, layer in enumerate(self.layers):

@@ -102,8 +102,9 @@ class PackedModuleOps(Ops):
 
 def pack_modules(model: nn.Module) -> int:
     """In place on a model copy: each llama attention's q/k/v and each MLP's gate/up Linears -> one packed nn.Linear
-    (`packed_linear`'s weight), the originals removed; what `PackedModuleOps` reads. Gemma attention (q/k norms
-    between projection and rotation) and layers reusing another's KV keep theirs. Returns the packs made."""
+    (`packed_linear`'s weight), the originals removed; what `PackedModuleOps` reads. qwen3 attention is packed too
+    (its per-head q/k norms run on the packed output: Attention.norm_packed); Gemma attention and layers reusing
+    another's KV keep theirs. Returns the packs made."""
     count = 0
     for block in model.model.layers:
         attn, mlp = block.self_attn, block.mlp

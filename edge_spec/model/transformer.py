@@ -1,4 +1,4 @@
-"""The target model: one export-friendly nn.Module for the llama, gemma3 and gemma4 families.
+"""The target model: one export-friendly nn.Module for the llama, qwen3, gemma3 and gemma4 families.
 
 Stateless per the KV contract (edge_spec/contract/kv.py): the caller passes the caches and per-kind masks,
 the forward returns logits, final hidden states and the *new* K/V rows of every cached layer.
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge_spec.model.config import GEMMA4, GEMMA_FAMILIES, REUSE, STORE, ModelConfig
+from edge_spec.model.config import GEMMA4, GEMMA_FAMILIES, QK_NORM_FAMILIES, REUSE, STORE, ModelConfig
 from edge_spec.model.forms import SPLIT, Form, Pass
 from edge_spec.model.ops import EAGER, Ops, project
 
@@ -31,7 +31,7 @@ class ModelOutput(NamedTuple):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, in fp32 (llama and gemma4 agree: no `1 + w` here; gemma3's `1 + w`
+    """x / sqrt(mean(x^2) + eps) * weight, in fp32 (llama, qwen3 and gemma4 agree: no `1 + w` here; gemma3's `1 + w`
     is folded into the weight when its checkpoint loads: ModelConfig.norm_weight_offset).
 
     Written as a division (not x * rsqrt): the pattern runtimes' graph optimizers fuse into one normalization
@@ -58,17 +58,18 @@ class Attention(nn.Module):
         self.reuses_kv = cfg.kv_sharing[layer] == REUSE
         self.stores_kv = cfg.kv_sharing[layer] == STORE
         self.gemma = cfg.family in GEMMA_FAMILIES
+        self.qk_norm = cfg.family in QK_NORM_FAMILIES  # per-head RMSNorm of q and k between projection and rotation
         kv_out = cfg.kv_heads[layer] * d
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.attention_bias)
         self.head_counts = (cfg.num_heads, cfg.kv_heads[layer], cfg.kv_heads[layer])
-        if self.gemma:
+        if self.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         if not self.reuses_kv:
             self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.attention_bias)
             k_eq_v = cfg.attention_k_eq_v and self.kind != "sliding"
             self.v_proj = None if k_eq_v else nn.Linear(cfg.hidden_size, kv_out, bias=cfg.attention_bias)
-            if self.gemma:
+            if self.qk_norm:
                 self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
             # Gemma-4 normalises values too (no scale); Gemma-3 does not
             self.v_norm = RMSNorm(d, cfg.rms_norm_eps, with_scale=False) if cfg.family == GEMMA4 else None
@@ -82,6 +83,8 @@ class Attention(nn.Module):
         packed = ops.qkv(self)
         if packed is not None:  # one projection, heads split once, k and v come out head-major
             qkv = project(packed, x)  # [1, T, (H + 2 H_kv) * D]
+            if self.qk_norm:  # qwen3 (gemma layers are never packed): normed before any kernel rotates them
+                qkv = self.norm_packed(qkv)
             fused = ops.fused_attention(self, qkv, rope, i, caches)
             if fused is not None:  # a runtime kernel that rotates, attends and writes the caches (Ops.fused_attention)
                 return self.o_proj(fused[0]), fused[1]
@@ -91,14 +94,14 @@ class Attention(nn.Module):
             out, new = run.attend(self, i, ops.rotate_heads(q, rope), ops.rotate_heads(k, rope), v, caches, False)
             return self.o_proj(out), new
         q = self.q_proj(x)  # [1, T, H * D]
-        if self.gemma:
+        if self.qk_norm:
             q = self.q_norm(q.view(b, t, -1, d)).view(b, t, -1)
         q = ops.rotate(q, rope, d).view(b, t, -1, d).transpose(1, 2)  # [1, H, T, D]
         k = v = None
         if not self.reuses_kv:
             k = self.k_proj(x)  # [1, T, H_kv * D]
             v = self.v_proj(x) if self.v_proj is not None else k
-            if self.gemma:
+            if self.qk_norm:
                 k = self.k_norm(k.view(b, t, -1, d)).view(b, t, -1)
             if self.v_norm is not None:
                 v = self.v_norm(v.view(b, t, -1, d)).view(b, t, -1)
@@ -106,6 +109,12 @@ class Attention(nn.Module):
             v = v.view(b, t, -1, d).transpose(1, 2)
         out, new = run.attend(self, i, q, k, v, caches)
         return self.o_proj(out), new
+
+    def norm_packed(self, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv [1, T, (H + 2 H_kv) * D] -> the same with every q and k head normed (q_norm / k_norm), v as it was."""
+        b, t = qkv.shape[:2]
+        q, k, v = qkv.view(b, t, -1, self.head_dim).split(self.head_counts, dim=2)  # [1, T, H | H_kv | H_kv, D]
+        return torch.cat([self.q_norm(q), self.k_norm(k), v], dim=2).view(b, t, -1)
 
 
 class MLP(nn.Module):

@@ -35,6 +35,8 @@ CONSTANTS = [
 MANIFEST_CONSTANTS = [("DRAFTER_MTP", "MTP"), ("DRAFTER_EAGLE3", "EAGLE3"), ("EAGLE3_FC_GRAPH", "EAGLE3_FC_GRAPH")]
 # kv.py's integer constants the runner uses
 INTEGERS = ["TABLE_BLOCK", "SHARED_SPARE_SLOTS"]
+# kv.py's tuples of names (each name is one of CONSTANTS')
+TUPLES = ["TARGET_TABLES"]
 # kv.py's name functions of one argument: each is prefix + argument + suffix (checked below)
 FUNCTIONS = ["mask_name", "k_cache_name", "v_cache_name", "k_new_name", "v_new_name", "k_present_name",
              "v_present_name", "slots_dim", "mask_cols_dim"]
@@ -95,6 +97,10 @@ def render() -> str:
         lines.append(f"inline constexpr const char* {cname} = {quote(getattr(kv, attr))};")
     for attr in INTEGERS:
         lines.append(f"inline constexpr int {attr} = {int(getattr(kv, attr))};")
+    by_value = {getattr(kv, attr): cname for cname, attr in CONSTANTS}
+    for attr in TUPLES:
+        items = ", ".join(by_value[name] for name in getattr(kv, attr))  # KeyError: add the name to CONSTANTS
+        lines.append(f"inline const std::vector<std::string> {attr} = {{{items}}};")
     lines += ["", "// ---- drafter kinds and the eagle3 fc graph's name (manifest.py) ----"]
     for cname, attr in MANIFEST_CONSTANTS:
         lines.append(f"inline constexpr const char* {cname} = {quote(getattr(manifest, attr))};")

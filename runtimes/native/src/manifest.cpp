@@ -225,8 +225,13 @@ void verify_eagle3(const Manifest& m, const std::string& path) {
   for (const std::string& name : {std::string("drafter"), std::string(contract::EAGLE3_FC_GRAPH)})
     if (!m.graphs.count(name))
       throw bundle_error(path + ": the eagle3 drafter entry has no '" + name + "' graph", REEXPORT);
-  same_io(path + ": drafter graph", m.graphs.at("drafter").io,
-          eagle3_drafter_io(draft, m.hidden_size, d.draft_vocab_size));
+  const GraphIO& io = m.graphs.at("drafter").io;
+  bool shared = false;  // it gathers the target's table (else keeps its own)
+  for (const auto& t : io.inputs)
+    for (const std::string& name : contract::TARGET_TABLES) shared = shared || t.name == name;
+  same_io(path + ": drafter graph", io,
+          eagle3_drafter_io(draft, m.hidden_size, d.draft_vocab_size,
+                            shared ? table_specs(m.vocab_size, m.hidden_size, table_bits(m)) : std::vector<TensorSpec>{}));
   same_io(path + ": " + contract::EAGLE3_FC_GRAPH + " graph", m.graphs.at(contract::EAGLE3_FC_GRAPH).io,
           eagle3_fc_io(int(d.aux_layers.size()) * m.hidden_size, m.hidden_size));
 }
@@ -343,7 +348,8 @@ int aux_size(const GraphIO& io) {  // kv.aux_size
   return 0;
 }
 
-GraphIO eagle3_drafter_io(const KVLayout& draft, int hidden, int draft_vocab) {  // kv.eagle3_drafter_io
+GraphIO eagle3_drafter_io(const KVLayout& draft, int hidden, int draft_vocab,
+                          const std::vector<TensorSpec>& tables) {  // kv.eagle3_drafter_io
   using namespace contract;
   const std::string h = std::to_string(hidden), s = slots_dim(DRAFT_KIND), vd = std::to_string(draft_vocab);
   GraphIO io;
@@ -353,6 +359,7 @@ GraphIO eagle3_drafter_io(const KVLayout& draft, int hidden, int draft_vocab) { 
   for (const auto& c : draft.caches)
     for (const std::string& n : {draft_k_cache_name(c.layer), draft_v_cache_name(c.layer)})
       io.inputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), s, std::to_string(c.head_dim)}));
+  for (const TensorSpec& t : tables) io.inputs.push_back(t);
   io.outputs = {spec(DRAFT_TOKEN_IDS, "int64", {vd}), spec(DRAFT_LOGITS, "float32", {vd}),
                 spec(DRAFT_HIDDEN, "float32", {"1", "1", h})};
   for (const auto& c : draft.caches)
@@ -402,6 +409,21 @@ int table_bits(const Manifest& m) {  // kv.table_bits
   return 0;
 }
 
+std::vector<TensorSpec> table_specs(int vocab_size, int hidden, int bits) {  // kv.table_specs
+  using namespace contract;
+  const std::string vocab = std::to_string(vocab_size);
+  const int blocks = hidden / TABLE_BLOCK;
+  const std::string scales = std::to_string(int64_t(vocab_size) * blocks);
+  if (bits == 8)  // [V, Ht / 32, 32] uint8 codes, [V * Ht / 32] float32 scales
+    return {spec(EMBED_Q8, "uint8", {vocab, std::to_string(blocks), std::to_string(TABLE_BLOCK)}),
+            spec(EMBED_SCALES, "float32", {scales})};
+  if (bits == 4)  // + [V * ceil(Ht / 64)] uint8 zero points, two codes per byte
+    return {spec(EMBED_Q4, "uint8", {vocab, std::to_string(blocks), std::to_string(TABLE_BLOCK / 2)}),
+            spec(EMBED_SCALES, "float32", {scales}),
+            spec(EMBED_ZERO_POINTS, "uint8", {std::to_string(int64_t(vocab_size) * ((blocks + 1) / 2))})};
+  return {spec(EMBED_TABLE, "float32", {vocab, std::to_string(hidden)})};
+}
+
 GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
                    int target_hidden, int candidates, bool output_table, bool tables, int table_bits) {
   using namespace contract;
@@ -418,20 +440,10 @@ GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sou
           for (const std::string& n : {k_cache_name(c.layer), v_cache_name(c.layer)})
             io.inputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), slots_dim(c.kind),
                                                     std::to_string(c.head_dim)}));
-    const std::string vocab = std::to_string(vocab_size), hidden = std::to_string(target_hidden);
-    const int blocks = target_hidden / TABLE_BLOCK;
-    const std::string scales = std::to_string(int64_t(vocab_size) * blocks);
-    if (tables && table_bits == 8) {  // kv.table_specs: [V, Ht / 32, 32] uint8 codes, [V * Ht / 32] float32 scales
-      io.inputs.push_back(spec(EMBED_Q8, "uint8", {vocab, std::to_string(blocks), std::to_string(TABLE_BLOCK)}));
-      io.inputs.push_back(spec(EMBED_SCALES, "float32", {scales}));
-    } else if (tables && table_bits == 4) {  // + [V * ceil(Ht / 64)] uint8 zero points, two codes per byte
-      io.inputs.push_back(spec(EMBED_Q4, "uint8", {vocab, std::to_string(blocks), std::to_string(TABLE_BLOCK / 2)}));
-      io.inputs.push_back(spec(EMBED_SCALES, "float32", {scales}));
-      io.inputs.push_back(spec(EMBED_ZERO_POINTS, "uint8", {std::to_string(int64_t(vocab_size) * ((blocks + 1) / 2))}));
-    } else if (tables) {
-      io.inputs.push_back(spec(EMBED_TABLE, "float32", {vocab, hidden}));
-      if (output_table) io.inputs.push_back(spec(OUTPUT_TABLE, "float32", {vocab, hidden}));
-    }
+    if (tables)
+      for (const TensorSpec& t : table_specs(vocab_size, target_hidden, table_bits)) io.inputs.push_back(t);
+    if (tables && !table_bits && output_table)
+      io.inputs.push_back(spec(OUTPUT_TABLE, "float32", {std::to_string(vocab_size), std::to_string(target_hidden)}));
   }
   io.outputs = {spec(DRAFT_TOKEN_IDS, "int64", {std::to_string(candidates)}),
                 spec(DRAFT_LOGITS, "float32", {std::to_string(candidates)}),

@@ -90,12 +90,14 @@ GraphIO target_io(const KVLayout& layout, int vocab_size, int hidden_size, bool 
 bool has_logit_rows(const GraphIO& io);  // a target graph taking LOGIT_ROWS returns logits / hidden of those rows
 int aux_size(const GraphIO& io);         // kv.aux_size: the width of the target's AUX_HIDDEN output (0: none)
 // kv.eagle3_drafter_io / kv.eagle3_fc_io: an eagle3 drafter's step graph over its own cache layout `draft`, its fc graph
-GraphIO eagle3_drafter_io(const KVLayout& draft, int hidden, int draft_vocab);
+// tables: the shared embedding's specs when the step graph gathers the target's table (table_specs), else none
+GraphIO eagle3_drafter_io(const KVLayout& draft, int hidden, int draft_vocab, const std::vector<TensorSpec>& tables = {});
 GraphIO eagle3_fc_io(int aux_width, int hidden);
 // table_bits: the shared table's quantized form, 8 or 4 (0: float32; kv.table_specs)
 GraphIO drafter_io(const KVLayout& layout, const std::map<std::string, int>& sources, int vocab_size,
                    int target_hidden, int candidates, bool output_table, bool tables, int table_bits = 0);
 int table_bits(const Manifest& m);  // 8 (embed_table_q8), 4 (embed_table_q4) or 0, from the manifest's tables
+std::vector<TensorSpec> table_specs(int vocab_size, int hidden, int bits);  // kv.table_specs: the shared table's inputs
 
 KVLayout layout_from_json(const Json& layout);  // the manifest's kv.layout (edge_spec.contract.kv.KVLayout.to_json)
 

@@ -381,6 +381,8 @@ class OrtEagle3Drafter : public DrafterBackend {
                              " output, which an eagle3 drafter reads",
                          "re-export the bundle with this edge-spec (edge-spec export --drafter EAGLE3_FOLDER)");
     target_.aux_record = &record_;
+    for (const auto& name : in_names_)  // the shared embedding, when the step graph gathers the target's table
+      if (rt_->tables.count(name)) tables_.push_back(name);
     out_ids_.resize(size_t(vocab_));
     out_logits_.resize(size_t(vocab_));
     out_hidden_.resize(size_t(hidden_size_));
@@ -428,6 +430,7 @@ class OrtEagle3Drafter : public DrafterBackend {
     in.emplace(HIDDEN, tensor(rt_->cpu, x_.data(), {1, t, h}));
     in.emplace(POSITION_IDS, tensor(rt_->cpu, positions_.data(), {1, t}));
     in.emplace(DRAFT_MASK, tensor(rt_->cpu, mask_.data(), {1, 1, t, b + t}));
+    for (const auto& name : tables_) in.emplace(name, table_tensor(*rt_, *rt_->tables.at(name)));  // [V, H] or codes
     out.emplace(DRAFT_TOKEN_IDS, tensor(rt_->cpu, out_ids_.data(), {int64_t(vocab_)}));     // [Vd] target ids
     out.emplace(DRAFT_LOGITS, tensor(rt_->cpu, out_logits_.data(), {int64_t(vocab_)}));    // [Vd]
     out.emplace(DRAFT_HIDDEN, tensor(rt_->cpu, out_hidden_.data(), {1, 1, h}));           // [1, 1, H]
@@ -466,6 +469,7 @@ class OrtEagle3Drafter : public DrafterBackend {
   Eagle3Rows rows_;
   IoCaches caches_;
   std::vector<std::string> in_names_, out_names_, fc_in_, fc_out_;
+  std::vector<std::string> tables_;  // the shared tables the step graph takes as inputs (none: it has its own)
   std::vector<int64_t> ids_, positions_;
   std::vector<float> x_, mask_;
   std::vector<int64_t> out_ids_;
