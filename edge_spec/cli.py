@@ -98,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     cli_options.add_format_options(exp, EXPORT)
     exp.add_argument("--no-datastore", dest="datastore", action="store_false",
                      help="ship no static datastore (default: datastore.bin built from the target's committed "
-                          "regenerated answers, data/regenerated/<target>, where there are any)")
+                          "regenerated answers, data/regenerated/<target>, where there are any, beside an MTP drafter; "
+                          "none beside an EAGLE-3 drafter, which drafts better without it)")
+    exp.add_argument("--datastore", dest="datastore", action="store_true",
+                     help="ship the static datastore whatever the drafter (see --no-datastore)")
+    exp.set_defaults(datastore=None)
     exp.add_argument("--out", required=True, help="bundle folder to write (replaced atomically if it is a bundle)")
     check = sub.add_parser("check", help="probe whether this host keeps a bundle batch-invariant (verify rows == "
                                          "decode steps bit for bit), which exact speculative decoding needs")
@@ -200,7 +204,7 @@ def cmd_bench_head(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from edge_spec.api import default_drafter, load_export_drafter, resolve_drafter
+    from edge_spec.api import datastore_by_default, default_drafter, load_export_drafter, resolve_drafter
     from edge_spec.contract.atomic import check_out
     from edge_spec.contract.bundle import export_bundle
     from edge_spec.contract.formats import check_binding, check_options, check_precision, exporter, get_format
@@ -230,11 +234,15 @@ def cmd_export(args: argparse.Namespace) -> int:
         target = load_checkpoint(args.model)
         # an MTP drafter folder, or a Speculators EAGLE-3 one (onnx bundles; other formats refuse it by name)
         drafter = load_export_drafter(drafter_folder, target) if drafter_folder else None
+        ship = datastore_by_default(drafter) if args.datastore is None else args.datastore
+        if args.datastore is None and not ship:
+            tqdm.write("export: no static datastore beside an EAGLE-3 drafter (it drafts better with prompt lookup "
+                       "alone); --datastore ships one", file=sys.stderr)
         out = export_bundle(target, args.out, format=args.format, drafter=drafter,
                             drafter_source=str(drafter_folder.resolve()) if drafter_folder else None,
                             precision=args.quant, max_context=args.max_context, max_draft_len=args.max_draft_len,
                             max_pass=args.max_pass, progress=progress, binding=args.kv,
-                            datastore=bundle_datastore(args.model, target.config.vocab_size) if args.datastore else None,
+                            datastore=bundle_datastore(args.model, target.config.vocab_size) if ship else None,
                             **options)
         bar.set_postfix_str("done")
     finally:

@@ -165,3 +165,26 @@ def test_export_with_a_speculators_drafter_is_refused(tiny_llama, eagle3_folder,
     else:
         assert "'mlp_speculator'" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flag, ships", [(None, False), ("--datastore", True), ("--no-datastore", False)])
+def test_export_ships_no_datastore_beside_an_eagle3_drafter_unless_asked(tiny_llama, eagle3_folder, tmp_path, capsys,
+                                                                         monkeypatch, flag, ships):
+    """The static datastore lowers an EAGLE-3 drafter's tau (api.datastore_by_default): export leaves it out by
+    default and says so; --datastore ships it anyway. (The writer is recorded, not run: the tiny target has no
+    regenerated answers.)"""
+    from edge_spec.api import datastore_by_default
+    from edge_spec.decoding import datastore_source
+    from edge_spec.loading import checkpoints
+    from tests.contract import tiny_drafter
+
+    asked = []
+    monkeypatch.setattr(datastore_source, "bundle_datastore", lambda *a: asked.append(a) or (lambda tmp, sha: None))
+    out = tmp_path / "bundle"
+    args = ["export", "--model", str(tiny_llama[0]), "--drafter", str(eagle3_folder), "--format", "onnx",
+            "--exporter", "torchscript", "--max-context", "64", "--out", str(out)]
+    assert main(args + ([flag] if flag else [])) == 0
+    assert bool(asked) == ships
+    assert ("no static datastore beside an EAGLE-3 drafter" in capsys.readouterr().err) == (flag is None)
+    target = checkpoints.load(str(tiny_llama[0]))
+    assert datastore_by_default(tiny_drafter(target.config)) and datastore_by_default(None)
