@@ -102,8 +102,10 @@ def test_datastore_in_the_loop_is_lossless(tiny_llama):
             # every pass without a retrieval draft asked the datastore once, and the time it took is counted
             assert stats.lookup_calls == 0 and stats.datastore_calls == stats.target_calls
             assert 0 < stats.datastore_s <= stats.drafter_s
-            if helps:
+            if helps and not adaptive:  # adaptive depth follows measured timings, so under load it may draft less
                 assert stats.datastore_accepted >= 20 and stats.tau > 2.0 and "datastore passes" in stats.summary()
+            elif helps:
+                assert stats.datastore_accepted > 0 and "datastore passes" in stats.summary()
 
 
 def _never_right():
