@@ -8,8 +8,11 @@ outputs; edge_spec.runtimes.fixed pads passes and holds the caches). The target 
 kind it takes the mask in slot form, an exact 0 / 1 `keep.<kind>` and `slot_index.<kind>` besides the contract's
 inputs, places new rows into their slots by data movement and attends over the slots (`model.place_rows`,
 `model.attend_concat`: what the HTP compiles; the manifest lists the real input order under `fixed.qnn`). Per graph:
-  1. torch.onnx (TorchScript exporter, opset 17, every shape static, ids int32) -> fp32 ONNX, every linear as a
-     1x1 Conv (`linears_as_conv`: QNN quantizes Conv weights per output channel, MatMul weights per tensor only);
+  1. torch.onnx (TorchScript exporter, opset 17, every shape static, ids int32) -> fp32 ONNX, every linear (the
+     output head too) as a 1x1 Conv (`linears_as_conv`: QNN quantizes Conv weights per output channel, MatMul
+     weights per tensor only), rotary cos / sin gathered from per-position tables (`TableRopeOps`: a computed
+     angle is an activation whose calibrated range ends at the longest calibration position). One target graph
+     per pass length (`target_lengths`: every length, or two with --qnn-graphs two);
   2. `qnn_preprocess_model` (QNN-friendly fusions);
   3. calibration on our own prompt data: the shipped bench prompts' tokens plus the target's greedy continuation,
      run through the fp32 graphs by the same padded runtime the bundle will use (edge_spec.runtimes.fixed), as chunked
@@ -22,7 +25,8 @@ inputs, places new rows into their slots by data movement and attends over the s
   5. `ort.ModelCompiler` on the QNN EP for the SoC (CPU fallback disabled) -> `qnn/<graph>.ctx.onnx`: one
      EPContext node holding the context binary (what the phone loads without re-preparing the graph). The export
      fails if any node would not run on the HTP.
-  6. `qnn/target_sink.onnx` (`float_twin`): target_1's QDQ graph with float activations, for the host CPU. A pass
+  6. `qnn/target_sink.onnx` (`float_twin`): the shortest target graph's QDQ graph with float activations, for the
+     host CPU. A pass
      from position 0 runs that row through it and the rest on the HTP, and step 3 calibrates the same way: the first
      token's massive activation (SmolLM2: 24,874 at position 0, under 700 elsewhere) never sets a 16-bit range.
   7. `share_weights`: the QDQ graphs' and the sink's initializers go into one `qnn/weights.data` (external data),
@@ -54,9 +58,10 @@ from edge_spec.contract import kv
 from edge_spec.runtimes import qnn_htp
 from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
 from edge_spec.model.forms import PLACED
+from edge_spec.model.ops import TableRopeOps
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.exporters import static
-from edge_spec.exporters.qnn_calibration import calibrate, merged_ranges, with_headroom
+from edge_spec.exporters.qnn_calibration import calibrate, merged_ranges, moved_from, with_headroom
 from edge_spec.runtimes.fixed import keep_name, pass_lengths, slot_index_name
 from edge_spec.logs import quiet
 from edge_spec.contract.manifest import GraphEntry
@@ -92,14 +97,16 @@ def linears_as_conv(path: Path) -> int:
     Why: QNN quantizes MatMul weights per tensor only, Conv weights per output channel. Measured on SmolLM2 (eager,
     weights fake-quantized to 8 bits, 127 bench prompt positions): per tensor top-1 0.748 vs fp32, per channel 0.961.
     Each row is its own batch item of the convolution, so rows stay independent of how many a pass holds.
-    Returns how many MatMuls were rewritten."""
+    MatMuls reading a graph output too: the target's head reads `hidden` (until 2026-12-06 it stayed a MatMul with
+    per-tensor weights; SmolLM2's weights alone at 8 bits: top-1 0.890 with a per-tensor head vs 0.961 per channel,
+    scripts/qnn_weight_quant.py). Returns how many MatMuls were rewritten."""
     from onnx import helper, numpy_helper, shape_inference
 
     proto = shape_inference.infer_shapes(onnx.load(str(path)))
     graph = proto.graph
     weights = {i.name: i for i in graph.initializer}
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-              for v in list(graph.value_info) + list(graph.input)}
+              for v in list(graph.value_info) + list(graph.input) + list(graph.output)}
     nodes, added, done = [], [], 0
     for n in graph.node:
         w = weights.get(n.input[1]) if n.op_type == "MatMul" else None
@@ -128,6 +135,12 @@ def linears_as_conv(path: Path) -> int:
 
 # ---- 4. QDQ ---------------------------------------------------------------------------------------------
 def quantize(pre: Path, out: Path, feeds: list[dict], scheme: str, ranges: dict | None) -> None:
+    """`pre` -> QDQ `out` (onnxruntime's QNN config, per-channel Conv weights), calibrated on `feeds` or given the
+    merged `ranges`. The vocabulary tables a Gather reads keep the activations' width (16 bits at 16a8w: the config
+    treats a Gather's data as an activation). Tried 2026-12-06: the tables at 8 bits (a TensorQuantOverrides
+    quant_type) halve them, but the 8-bit table's Gather feeding a 16-bit Mul (Gemma's embedding scale) requantizes
+    ~16x further apart on the simulated HTP than on the CPU provider, and the E2B-sized drafter's top draft token
+    differed between the two (tests/test_qnn.py::test_e2b_sized_drafter...)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize as ort_quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -240,21 +253,42 @@ def share_weights(models: list[Path], data: Path) -> tuple[int, int]:
 # ---- the bundle -------------------------------------------------------------------------------------------
 def export_steps(with_drafter: bool) -> int:
     """How many times `export_bundle` calls `progress` with the default lengths (for a progress bar)."""
-    n = len(pass_lengths(DEFAULT_MAX_DRAFT_LEN, max(kv.DEFAULT_MAX_PASS, DEFAULT_MAX_DRAFT_LEN + 1))) + with_drafter
+    n = len(target_lengths("every", DEFAULT_MAX_DRAFT_LEN, max(kv.DEFAULT_MAX_PASS, DEFAULT_MAX_DRAFT_LEN + 1))) \
+        + with_drafter
     return COMMON_STEPS + n + 1 + 2 * n + 1 + 1
 
 
-def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True) -> bundle.Writer:
+GRAPHS = ("two", "every")  # --qnn-graphs: which fixed pass lengths get a target graph (`target_lengths`)
+
+
+def target_lengths(graphs: str, max_draft_len: int, max_pass: int) -> tuple[int, ...]:
+    """The target graphs' pass lengths. "every" (default): decode, verify at k + 1 for k in 1, 2, 4 and
+    max_draft_len, prefill (`fixed.pass_lengths`, the Core ML lengths): ~6 copies of the weights, since each QNN
+    context binary holds its own (one context shared across graphs does not load on the x86-64 simulator,
+    docs/android-qnn.md). "two": one graph for decode and verify (max_draft_len + 1 rows; a decode step is a padded
+    pass, which on an HTP costs about what one row does: it reads the same weights) and the prefill chunk: two
+    copies. Not the default yet: on the tiny Gemma-4 (sliding rings) a 9-row verify pass through the CPU provider
+    differed from 5-row padded decode steps at one position (tests/test_qnn.py::test_two_graphs...: the tiny llama is
+    exact), so the host check must keep finding it exact on the model it runs."""
+    if graphs not in GRAPHS:
+        raise ConfigError(f"unknown --qnn-graphs {graphs!r}", f"use one of {', '.join(GRAPHS)}")
+    if graphs == "every":
+        return pass_lengths(max_draft_len, max_pass)
+    return tuple(sorted({max_draft_len + 1, max_pass}))
+
+
+def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True, graphs: str = "every") -> bundle.Writer:
     """The qnn format's `write` for `soc` (edge_spec.contract.bundle.export_bundle); fails before any work when the
-    SoC is unknown or the QNN EP missing. `max_pass` (default 64, or max_draft_len + 1): the prefill chunk, the
-    longest fixed pass length. `host_sink` (default): position 0 runs on the host CPU through
-    `qnn/target_sink.onnx` (`float_twin`), and the quantized graphs are calibrated on the passes after it; False
-    quantizes position 0 with the rest (measurements)."""
+    SoC is unknown, `graphs` unknown or the QNN EP missing. `max_pass` (default 64, or max_draft_len + 1): the
+    prefill chunk, the longest fixed pass length; `graphs`: `target_lengths`. `host_sink` (default): position 0 runs
+    on the host CPU through `qnn/target_sink.onnx` (`float_twin`), and the quantized graphs are calibrated on the
+    passes after it; False quantizes position 0 with the rest (measurements)."""
     chip = qnn_htp.get_soc(soc)
+    target_lengths(graphs, 1, 1)  # refuses an unknown choice before any work
     qnn_htp.import_qnn()
 
     def write(job: bundle.ExportJob):
-        return _write(job, chip, host_sink)
+        return _write(job, chip, host_sink, graphs)
 
     return write
 
@@ -262,11 +296,11 @@ def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True) -> bundle.
 export_bundle = bundle.entry("qnn")  # export_bundle(target, out, *, drafter, precision, ..., soc, host_sink)
 
 
-def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool) -> tuple[dict, dict]:
+def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str) -> tuple[dict, dict]:
     cfg, layout, step = job.target.config, job.layout, job.step
     if layout.max_pass is None:
         raise ConfigError("a QNN bundle needs fixed pass lengths", "pass --max-pass")
-    lengths = pass_lengths(job.max_draft_len, layout.max_pass)
+    lengths = target_lengths(graphs, job.max_draft_len, layout.max_pass)
     slots = {kind: layout.slots(kind) for kind in layout.kinds()}  # no headroom: new rows are their own columns
     work = job.tmp / "work"
     work.mkdir()
@@ -279,10 +313,11 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool) -> tuple[di
     placed_in = names_in[:2 + len(kinds)] + [keep_name(k) for k in kinds] + [slot_index_name(k) for k in kinds] \
         + names_in[2 + len(kinds):]
     model = job.target.model.eval()
+    ops = TableRopeOps(layout.max_context + max(lengths))  # rotary from tables: no angle activation to clip
     for t in lengths:
         step(f"exporting the target at T = {t}")
         fp32[target_graph(t)] = work / f"{target_graph(t)}.onnx"
-        _onnx(static.PlacedTargetFunction(model, kinds).eval(), static.placed_target_args(layout, slots, t),
+        _onnx(static.PlacedTargetFunction(model, kinds, ops).eval(), static.placed_target_args(layout, slots, t),
               (placed_in, [o.name for o in target_io.outputs]), fp32[target_graph(t)], target_graph(t))
         linears_as_conv(fp32[target_graph(t)])
     if job.drafter is not None:
@@ -290,7 +325,7 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool) -> tuple[di
         drafter_io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size,
                                    job.drafter.cfg.candidates_per_step, output_table=False, tables=False)
         fp32[DRAFTER_GRAPH] = work / f"{DRAFTER_GRAPH}.onnx"
-        module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources)), PLACED).eval()
+        module = static.DrafterFunction(job.drafter.eval(), model, tuple(sorted(job.sources)), PLACED, ops).eval()
         _onnx(module, static.drafter_args(model, layout, job.sources, slots, ids=torch.int32),
               ([t.name for t in drafter_io.inputs], [t.name for t in drafter_io.outputs]), fp32[DRAFTER_GRAPH],
               DRAFTER_GRAPH)
@@ -305,7 +340,7 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool) -> tuple[di
         if not qnn_preprocess_model(str(path), str(pre[g])):
             pre[g] = path
     targets = [target_graph(t) for t in lengths]
-    ranges = with_headroom(merged_ranges(pre, feeds, work, targets), (kv.LOGITS, kv.HIDDEN))
+    ranges = with_headroom(merged_ranges(pre, feeds, work, targets), moved_from(pre[targets[0]], (kv.LOGITS, kv.HIDDEN)))
     for g in fp32:
         step(f"quantizing {g} ({job.precision})")
         quantize(pre[g], job.tmp / qdq_file(g), feeds[g], job.precision, ranges if g in targets else None)
@@ -313,7 +348,7 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool) -> tuple[di
         compile_context(job.tmp / qdq_file(g), job.tmp / ctx_file(g), soc)
     if host_sink:
         step("writing the host's float twin of the first pass")
-        float_twin(job.tmp / qdq_file(target_graph(1)), job.tmp / qnn_htp.sink_file())
+        float_twin(job.tmp / qdq_file(target_graph(lengths[0])), job.tmp / qnn_htp.sink_file())  # row 0, padded
     step("storing the weights once for the QDQ graphs")
     share_weights([job.tmp / qdq_file(g) for g in fp32] + ([job.tmp / qnn_htp.sink_file()] if host_sink else []),
                   job.tmp / qnn_htp.weights_file())

@@ -28,7 +28,7 @@ from edge_spec.contract import kv
 from edge_spec.model.drafter import Drafter
 from edge_spec.model.attention import attend_slots, group_mask
 from edge_spec.model.forms import PLACED, SPLIT, Form, Mask, Slots, State
-from edge_spec.model.ops import SPELLED_GELU
+from edge_spec.model.ops import SPELLED_GELU, Ops
 from edge_spec.model.transformer import Transformer
 
 
@@ -54,25 +54,26 @@ class PlacedTargetFunction(nn.Module):
     layer places its new rows into their slots (`model.place_rows`) and attends over the S slots, so every key sits
     in its slot's column whatever T is."""
 
-    def __init__(self, model: Transformer, kinds: tuple[str, ...]):
+    def __init__(self, model: Transformer, kinds: tuple[str, ...], ops: Ops = SPELLED_GELU):
         super().__init__()
-        self.model, self.kinds = model, kinds
+        self.model, self.kinds, self.ops = model, kinds, ops  # QNN: TableRopeOps
 
     def forward(self, input_ids, position_ids, *rest):
         n = len(self.kinds)
         masks, keeps, index, caches = rest[:n], rest[n:2 * n], rest[2 * n:3 * n], rest[3 * n:]
         placed = {kind: Mask(masks[i], keeps[i], index[i]) for i, kind in enumerate(self.kinds)}
         out = self.model(input_ids.long(), position_ids.long(), placed, list(caches[0::2]), list(caches[1::2]),
-                         form=PLACED, ops=SPELLED_GELU)
+                         form=PLACED, ops=self.ops)
         return (out.logits, out.hidden, *[r for k, v in zip(out.new_k, out.new_v) for r in (k, v)])
 
 
 class DrafterFunction(nn.Module):
     """(input_ids, hidden, position_ids, *masks, *source caches) -> (ids, logits, next hidden); tables constant."""
 
-    def __init__(self, drafter: Drafter, target: Transformer, kinds: tuple[str, ...], form: Form = SPLIT):
+    def __init__(self, drafter: Drafter, target: Transformer, kinds: tuple[str, ...], form: Form = SPLIT,
+                 ops: Ops = SPELLED_GELU):
         super().__init__()
-        self.drafter, self.kinds, self.form = drafter, kinds, form  # PLACED in the placed target's bundles
+        self.drafter, self.kinds, self.form, self.ops = drafter, kinds, form, ops  # PLACED, TableRopeOps: QNN
         self.embed_scale = float(target.embed_scale)
         self.embed = target.model.embed_tokens.weight
         self.table = target.lm_head.weight if drafter.cfg.head_from == "target" else None
@@ -83,7 +84,7 @@ class DrafterFunction(nn.Module):
         token_embed = F.embedding(input_ids.long(), self.embed) * self.embed_scale  # [1, 1, Ht]
         pairs = {kind: (caches[2 * i], caches[2 * i + 1]) for i, kind in enumerate(self.kinds)}
         out = self.drafter(token_embed, hidden, position_ids.long(), dict(zip(self.kinds, masks)), pairs, self.table,
-                           form=self.form, ops=SPELLED_GELU)
+                           form=self.form, ops=self.ops)
         return out.token_ids.to(torch.int32), out.logits, out.hidden
 
 

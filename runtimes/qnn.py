@@ -8,8 +8,9 @@ Providers (`--provider`):
     files run on its NPU (docs/android-qnn.md).
   * `cpu`: the QDQ models (`qnn/<graph>.qdq.onnx`) on onnxruntime's CPU provider: the numerical reference of the
     quantized graphs, and a way to run the bundle where the QNN wheel is missing.
-Either way, a pass from position 0 runs that one row through `qnn/target_sink.onnx` on the CPU provider (target_1
-with float activations and the same 8-bit weights, exporters/qnn.float_twin) and the rest of the pass on the
+Either way, a pass from position 0 runs that one row through `qnn/target_sink.onnx` on the CPU provider (the
+shortest target graph with float activations and the same 8-bit weights, exporters/qnn.float_twin; the row is padded
+like any pass) and the rest of the pass on the
 provider: the first token's massive activation never enters a quantized graph.
 """
 

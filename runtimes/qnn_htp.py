@@ -59,7 +59,7 @@ def ctx_file(graph: str) -> str:
     return f"{QNN_DIR}/{graph}.ctx.onnx"
 
 
-def sink_file() -> str:  # position 0's pass on the host CPU: target_1's QDQ graph with float activations
+def sink_file() -> str:  # position 0's pass on the host CPU: the shortest target graph's QDQ graph, float activations
     return f"{QNN_DIR}/target_sink.onnx"
 
 

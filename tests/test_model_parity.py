@@ -88,3 +88,24 @@ def test_fused_op_forms_give_the_same_logits_in_eager(family, tiny_llama, tiny_g
         plain = model(ids, torch.arange(t)[None], masks, empty, empty).logits
         fused = model(ids, torch.arange(t)[None], masks, empty, empty, ops=FusedOps(model, 64)).logits
     assert fused.abs().max() > 0 and torch.equal(fused, plain)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma4"])
+def test_rope_from_tables_gives_the_same_logits_in_eager(family, tiny_llama, tiny_gemma4):
+    """`TableRopeOps` (cos / sin gathered from per-position tables: the QNN graphs, where a computed angle would be a
+    clipped activation) rotates exactly as the eager `Ops` computes it, at positions far from 0 too: bit-identical
+    logits (its GELU is the spelled form, which `SPELLED_GELU` shares)."""
+    from edge_spec.model.ops import SPELLED_GELU, TableRopeOps
+
+    folder = (tiny_llama if family == "llama" else tiny_gemma4)[0]
+    model = checkpoints.load(str(folder)).model
+    t, start = 12, 40
+    ids = torch.from_numpy(np.random.default_rng(3).integers(0, 320, (1, t)))
+    causal = torch.triu(torch.full((t, t), -1e9), 1)[None, None]
+    masks = {kind: causal for kind in set(model.cfg.layer_kinds)}
+    empty = [torch.zeros(1, c.num_kv_heads, 0, c.head_dim) for c in kv_layout(model.cfg, 64).caches]
+    positions = torch.arange(start, start + t)[None]
+    with torch.no_grad():
+        plain = model(ids, positions, masks, empty, empty, ops=SPELLED_GELU).logits
+        tables = model(ids, positions, masks, empty, empty, ops=TableRopeOps(start + t)).logits
+    assert tables.abs().max() > 0 and torch.equal(tables, plain)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge_spec.model.rope import Rope, apply_rope, rope_cos_sin
+from edge_spec.model.rope import Rope, apply_rope, rope_cos_sin, rope_tables
 
 
 def packed_linear(*layers: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -124,6 +124,25 @@ def pack_modules(model: nn.Module) -> int:
                 delattr(owner, n)
             count += 1
     return count
+
+
+class TableRopeOps(Ops):
+    """Rotary cos / sin read from per-position tables (`rope_tables`, constants of `rows` rows, built once per module
+    and kind from its inv_freq) by position_ids, instead of computed as cos(position x inv_freq). Same values (the
+    tables compute it the same way). For quantized graphs (exporters/qnn): computed, the angles are an activation
+    whose range is the largest position calibration saw, so positions past it clip and every later token is rotated
+    wrong; the tables' rows are quantized in [-1, 1] whatever the position."""
+
+    def __init__(self, rows: int, spelled_gelu: bool = True):
+        super().__init__(spelled_gelu)
+        self.rows, self.tables = rows, {}
+
+    def rope(self, model: nn.Module, kind: str, position_ids: torch.Tensor):
+        key = (id(model), kind)
+        if key not in self.tables:
+            self.tables[key] = rope_tables(getattr(model, f"inv_freq_{kind}"), self.rows)  # [rows, D/2] each
+        cos, sin = (torch.cat([t[position_ids], t[position_ids]], dim=-1)[:, :, None, :] for t in self.tables[key])
+        return Rope(cos, sin)  # [1, T, 1, D]
 
 
 EAGER = Ops()

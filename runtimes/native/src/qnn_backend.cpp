@@ -355,10 +355,11 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_graphs
     graphs.emplace(e.first, std::move(g));
   }
   std::unique_ptr<Graph> sink;
-  if (!shapes.sink.empty()) {  // position 0 on the host CPU, float activations
-    sink = std::make_unique<Graph>(o.open(shapes.sink, "cpu", 1));
-    qnn::check_io(*sink, qnn::target_inputs(m.layout, shapes, 1),
-                  qnn::target_outputs(m.layout, 1, m.vocab_size, m.hidden_size));
+  if (!shapes.sink.empty()) {  // position 0 on the host CPU, float activations: the shortest graph's twin, padded
+    const int n0 = shapes.lengths.begin()->first;
+    sink = std::make_unique<Graph>(o.open(shapes.sink, "cpu", n0));
+    qnn::check_io(*sink, qnn::target_inputs(m.layout, shapes, n0),
+                  qnn::target_outputs(m.layout, n0, m.vocab_size, m.hidden_size));
   }
   const std::string identity = "qnn " + shapes.quant + " QDQ on " + where +
                                (sink ? ", position 0 on the CPU" : "") + ", onnxruntime " + ort::version() +

@@ -1,0 +1,157 @@
+"""Which 16-bit activations cost a QNN bundle its agreement with fp32? Each variant takes the bundle's QDQ target
+graphs and turns the activation Quantize -> Dequantize pairs of one class of tensors into Identity (those tensors
+float, every other one and every weight as the bundle has them), then teacher-forces the CPU provider over eager fp32's
+own greedy answers to held-out everyday chat prompts and scores top-1 on the answer tokens. A class whose float
+variant gains much is where the activations lose; "all" (every activation float: the weights' share of the loss) and
+"none" (the bundle as it is) bound the table.
+
+    .venv/bin/python scripts/qnn_activation_ablation.py --export B      # SmolLM2 QDQ graphs only (lengths 1/2/3)
+    .venv/bin/python scripts/qnn_activation_ablation.py B [--classes none all norm ...] [--prompts 8]
+
+--export writes a QNN bundle of the target alone without context binaries (the CPU provider reads only the QDQ
+graphs): ~10 min for SmolLM2 on 2 cores. One JSON line per variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+HELDOUT = Path(__file__).resolve().parents[1] / "edge_spec/assets/prompts/heldout_everyday.jsonl"
+ANSWER_TOKENS = 32
+
+# class -> a predicate on the name of the activation tensor a Q/DQ pair quantizes (torch.onnx's names, e.g.
+# "/model/layers.3/input_layernorm/Pow_output_0", "/model/layers.3/Add_1_output_0")
+CLASSES = {
+    "none": lambda name: False,
+    "all": lambda name: True,
+    "norm": lambda name: "layernorm" in name or "/norm/" in name,
+    "norm_square": lambda name: ("layernorm" in name or "/norm/" in name) and re.search(r"/(Pow|Mul|ReduceMean)", name),
+    "residual": lambda name: re.fullmatch(r"/model/layers\.\d+/Add(_\d+)?_output_0.*", name) is not None,
+    "attn_softmax": lambda name: "self_attn" in name and "Softmax" in name,
+    "attn": lambda name: "self_attn" in name,
+    "mlp": lambda name: "/mlp/" in name,
+    "mlp_act": lambda name: "/mlp/" in name and re.search(r"/(Sigmoid|Mul)[^/]*$", name) is not None,
+    "logits": lambda name: name.startswith(("logits", "hidden")) or "lm_head" in name,
+    "cache": lambda name: name.startswith(("k_cache", "v_cache", "k_new", "v_new")),
+    "other": lambda name: not any(CLASSES[c](name) for c in ("norm", "residual", "attn", "mlp", "logits", "cache")),
+}
+
+
+def floated(qdq: Path, out: Path, keep_float) -> int:
+    """`qdq` with the activation Q -> DQ pairs whose tensor name satisfies `keep_float` as Identity; returns how many."""
+    proto = onnx.load(str(qdq), load_external_data=False)
+    graph = proto.graph
+    weights = {i.name for i in graph.initializer}
+    quantized = {n.output[0]: n.input[0] for n in graph.node
+                 if n.op_type == "QuantizeLinear" and n.input[0] not in weights and keep_float(n.input[0])}
+    nodes = [onnx.helper.make_node("Identity", [quantized[n.input[0]]], list(n.output), name=n.name)
+             if n.op_type == "DequantizeLinear" and n.input[0] in quantized else n
+             for n in graph.node if not (n.op_type == "QuantizeLinear" and n.output[0] in quantized)]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(proto, str(out))
+    return len(quantized)
+
+
+def variant_bundle(bundle: Path, work: Path, keep_float) -> tuple[Path, int]:
+    """A copy of `bundle` (links) whose target QDQ graphs float the tensors `keep_float` names."""
+    from edge_spec.contract.manifest import MANIFEST, sha256_file
+    from edge_spec.runtimes import qnn_htp
+
+    out = work / "variant"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(bundle, out, copy_function=os.link)
+    n = 0
+    manifest = json.loads((out / MANIFEST).read_text())
+    for qdq in sorted((out / qnn_htp.QNN_DIR).glob("target_*.qdq.onnx")):
+        tmp = qdq.with_suffix(".tmp")
+        n = floated(qdq, tmp, keep_float)
+        qdq.unlink()
+        tmp.rename(qdq)
+        manifest["files"][str(qdq.relative_to(out))] = {"sha256": sha256_file(qdq), "bytes": qdq.stat().st_size}
+    (out / MANIFEST).unlink()  # a link to the bundle's own manifest
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    return out, n
+
+
+def answers(target, prompts: list[str], layout) -> list[tuple[list[int], list[int]]]:
+    """Eager fp32's greedy answer (ANSWER_TOKENS tokens) to each chat prompt: [(prompt ids, answer ids)]."""
+    from qnn_bundle_quality import greedy
+
+    from edge_spec.contract.backend import Session
+    from edge_spec.runtimes.torch import TorchBackend
+
+    out = []
+    for p in prompts:
+        ids = target.tokenizer.encode_prompt(p, chat=True)
+        out.append((ids, greedy(Session(TorchBackend(target.model, layout)), ids, ANSWER_TOKENS, layout.max_pass)))
+    return out
+
+
+def score(bundle: Path, data) -> dict:
+    """Top-1 of the bundle's CPU QDQ graphs, teacher-forced, on the answer tokens."""
+    from qnn_bundle_quality import passes
+
+    from edge_spec.api import load_bundle
+
+    engine = load_bundle(bundle, provider="cpu", host_check=False)
+    t = engine.session.state.layout.max_pass
+    agree, n, first = 0, 0, []
+    for ids, answer in data:
+        engine.session.reset()
+        a = passes(engine.session, ids + answer, t)[len(ids) - 1:-1]
+        hit = a.argmax(-1) == np.array(answer)
+        agree, n = agree + int(hit.sum()), n + len(answer)
+        first.append(int(np.argmin(hit)) if not hit.all() else None)
+    return {"top1": round(agree / n, 4), "positions": n, "first_miss": first}
+
+
+def export(out: Path) -> None:
+    """SmolLM2's QNN bundle, target alone, QDQ graphs only (lengths 1 / 2 / 3)."""
+    from edge_spec.exporters import qnn
+    from edge_spec.loading import checkpoints
+
+    saved = qnn.compile_context
+    qnn.compile_context = lambda *args: None  # the CPU provider reads only the QDQ graphs
+    try:
+        start = time.perf_counter()
+        qnn.export_bundle(checkpoints.load("smollm2-135m"), out, max_context=256, max_draft_len=2, max_pass=3)
+        print(json.dumps({"exported": str(out), "s": round(time.perf_counter() - start)}), flush=True)
+    finally:
+        qnn.compile_context = saved
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--export", action="store_true", help="write the bundle first")
+    parser.add_argument("--classes", nargs="+", default=list(CLASSES), choices=list(CLASSES))
+    parser.add_argument("--prompts", type=int, default=8, help="held-out everyday prompts (of 12)")
+    args = parser.parse_args()
+    if args.export:
+        export(args.bundle)
+    from edge_spec.api import load_bundle
+    from edge_spec.loading import checkpoints
+    from edge_spec.train.evaluate import read_prompts
+
+    layout = load_bundle(args.bundle, provider="cpu", host_check=False).session.state.layout
+    target = checkpoints.load("smollm2-135m")
+    data = answers(target, [p["prompt"] for p in read_prompts(HELDOUT)[:args.prompts]], layout)
+    with tempfile.TemporaryDirectory(prefix="qnn-ablation-", dir=args.bundle.parent) as work:
+        for name in args.classes:
+            folder, n = variant_bundle(args.bundle, Path(work), CLASSES[name])
+            print(json.dumps({"float": name, "pairs_per_graph": n, **score(folder, data)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
