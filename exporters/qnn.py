@@ -134,13 +134,15 @@ def linears_as_conv(path: Path) -> int:
 
 
 # ---- 4. QDQ ---------------------------------------------------------------------------------------------
-def quantize(pre: Path, out: Path, feeds: list[dict], scheme: str, ranges: dict | None) -> None:
+def quantize(pre: Path, out: Path, feeds: list[dict], scheme: str, ranges: dict | None, tables: bool = False) -> None:
     """`pre` -> QDQ `out` (onnxruntime's QNN config, per-channel Conv weights), calibrated on `feeds` or given the
-    merged `ranges`. The vocabulary tables a Gather reads keep the activations' width (16 bits at 16a8w: the config
-    treats a Gather's data as an activation). Tried 2026-12-06: the tables at 8 bits (a TensorQuantOverrides
-    quant_type) halve them, but the 8-bit table's Gather feeding a 16-bit Mul (Gemma's embedding scale) requantizes
-    ~16x further apart on the simulated HTP than on the CPU provider, and the E2B-sized drafter's top draft token
-    differed between the two (tests/test_qnn.py::test_e2b_sized_drafter...)."""
+    merged `ranges`. `tables` (the drafter's step): the vocabulary tables a Gather reads (`gather_tables`) at the
+    weights' width - onnxruntime's QNN config treats a Gather's data as an activation, so at 16a8w a table takes 16
+    bits (SmolLM2's drafter context binary: 116.6 MB, two 16-bit copies of the 49,152 x 576 table). The target's
+    input table stays 16-bit: 8 bits there (2026-12-06) made the table's Gather feeding Gemma's 16-bit embedding
+    scale requantize ~16x further apart on the simulated HTP than on the CPU provider, and the E2B-sized drafter
+    fed by that target chose another top token on the two (tests/test_qnn.py::test_e2b_sized_drafter...); with
+    8-bit tables in the drafter alone it agrees (6.7e-2 of the logits' scale, same top token)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize as ort_quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -160,6 +162,8 @@ def quantize(pre: Path, out: Path, feeds: list[dict], scheme: str, ranges: dict 
             config = get_qnn_qdq_config(str(pre), Reader(feeds[:2] if ranges else feeds), activation_type=act,
                                         weight_type=weight, per_channel=True)  # Conv weights (linears_as_conv)
             fixed = config.extra_options.setdefault("TensorQuantOverrides", {})
+            for name in gather_tables(pre) if tables else ():
+                fixed.setdefault(name, [{"quant_type": weight}])
             for name, (lo, hi) in (ranges or {}).items():  # the merged ranges, where QNN fixes no scale itself
                 if name in fixed or (name in graph_inputs and not name.startswith(("mask", "k_cache", "v_cache"))):
                     continue
@@ -167,6 +171,13 @@ def quantize(pre: Path, out: Path, feeds: list[dict], scheme: str, ranges: dict 
             ort_quantize(str(pre), str(out), config)
         finally:
             logging.disable(logging.NOTSET)
+
+
+def gather_tables(path: Path) -> list[str]:
+    """The initializers of the model at `path` that a Gather reads rows from (vocabulary tables)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {i.name for i in graph.initializer}
+    return sorted({n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in weights})
 
 
 # ---- 5. context binaries -----------------------------------------------------------------------------------
@@ -343,7 +354,8 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
     ranges = with_headroom(merged_ranges(pre, feeds, work, targets), moved_from(pre[targets[0]], (kv.LOGITS, kv.HIDDEN)))
     for g in fp32:
         step(f"quantizing {g} ({job.precision})")
-        quantize(pre[g], job.tmp / qdq_file(g), feeds[g], job.precision, ranges if g in targets else None)
+        quantize(pre[g], job.tmp / qdq_file(g), feeds[g], job.precision, ranges if g in targets else None,
+                 tables=g == DRAFTER_GRAPH)
         step(f"compiling {g} for {soc.name} (HTP v{soc.htp_arch})")
         compile_context(job.tmp / qdq_file(g), job.tmp / ctx_file(g), soc)
     if host_sink:

@@ -5,7 +5,7 @@ own greedy answers to held-out everyday chat prompts and scores top-1 on the ans
 variant gains much is where the activations lose; "all" (every activation float: the weights' share of the loss) and
 "none" (the bundle as it is) bound the table.
 
-    .venv/bin/python scripts/qnn_activation_ablation.py --export B      # SmolLM2 QDQ graphs only (lengths 1/2/3)
+    .venv/bin/python scripts/qnn_activation_ablation.py B --export [--without rope calibration]  # QDQ graphs only
     .venv/bin/python scripts/qnn_activation_ablation.py B [--classes none all norm ...] [--prompts 8]
 
 --export writes a QNN bundle of the target alone without context binaries (the CPU provider reads only the QDQ
@@ -116,30 +116,44 @@ def score(bundle: Path, data) -> dict:
     return {"top1": round(agree / n, 4), "positions": n, "first_miss": first}
 
 
-def export(out: Path) -> None:
-    """SmolLM2's QNN bundle, target alone, QDQ graphs only (lengths 1 / 2 / 3)."""
-    from edge_spec.exporters import qnn
+def export(out: Path, without: list[str]) -> None:
+    """SmolLM2's QNN bundle, target alone, QDQ graphs only (one graph of 3 rows). `without`: recipe steps of
+    2026-12-06 turned off by patching the exporter ("rope": the angle computed in the graph; "calibration": the
+    first 2 bench prompts, 48 tokens, 12 feeds per graph)."""
+    from edge_spec.exporters import qnn, qnn_calibration
     from edge_spec.loading import checkpoints
+    from edge_spec.model.ops import SPELLED_GELU
 
-    saved = qnn.compile_context
+    saved = qnn.compile_context, qnn.TableRopeOps, qnn_calibration.CALIBRATION_PROMPTS, \
+        qnn_calibration.CALIBRATION_TOKENS, qnn_calibration.MAX_SAMPLES
     qnn.compile_context = lambda *args: None  # the CPU provider reads only the QDQ graphs
+    if "rope" in without:
+        qnn.TableRopeOps = lambda rows: SPELLED_GELU
+    if "calibration" in without:
+        qnn_calibration.CALIBRATION_PROMPTS, qnn_calibration.CALIBRATION_TOKENS, qnn_calibration.MAX_SAMPLES = 2, 48, 12
+        qnn_calibration.calibration_tokens.__defaults__ = (2,)
     try:
         start = time.perf_counter()
         qnn.export_bundle(checkpoints.load("smollm2-135m"), out, max_context=256, max_draft_len=2, max_pass=3)
-        print(json.dumps({"exported": str(out), "s": round(time.perf_counter() - start)}), flush=True)
+        print(json.dumps({"exported": str(out), "without": without, "s": round(time.perf_counter() - start)}),
+              flush=True)
     finally:
-        qnn.compile_context = saved
+        (qnn.compile_context, qnn.TableRopeOps, qnn_calibration.CALIBRATION_PROMPTS, qnn_calibration.CALIBRATION_TOKENS,
+         qnn_calibration.MAX_SAMPLES) = saved
+        qnn_calibration.calibration_tokens.__defaults__ = (saved[2],)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--export", action="store_true", help="write the bundle first")
+    parser.add_argument("--without", nargs="*", default=[], choices=("rope", "calibration"),
+                        help="with --export: recipe steps turned off (`export`)")
     parser.add_argument("--classes", nargs="+", default=list(CLASSES), choices=list(CLASSES))
     parser.add_argument("--prompts", type=int, default=8, help="held-out everyday prompts (of 12)")
     args = parser.parse_args()
     if args.export:
-        export(args.bundle)
+        export(args.bundle, args.without)
     from edge_spec.api import load_bundle
     from edge_spec.loading import checkpoints
     from edge_spec.train.evaluate import read_prompts
