@@ -26,9 +26,12 @@ DRAFTER_GRAPH, target_graph = qnn_htp.DRAFTER_GRAPH, qnn_htp.target_graph
 # feeds thinned to 12 - ranges from ~36 tokens of two chat prompts, which text outside them overran (SmolLM2's CPU
 # QDQ graphs: top-1 0.52 on held-out everyday answers, 0.91 with every activation float:
 # scripts/qnn_activation_ablation.py).
+# Each sequence runs at one pass length (round robin; the ranges are merged across lengths anyway), and the feeds
+# kept are shared out between the target's graphs, so a bundle of six lengths calibrates on what one graph would.
 CALIBRATION_PROMPTS = 9  # shipped bench prompts used for calibration
 CALIBRATION_TOKENS = 64  # per prompt: its first tokens + the target's greedy continuation to this many more
-MAX_SAMPLES = 48  # calibration feeds kept per graph (each holds the caches: SmolLM2 ~12 MB)
+MAX_SAMPLES = 48  # calibration feeds kept over the target's graphs (each holds the caches: SmolLM2 ~12 MB)
+MIN_SAMPLES = 12  # ... and at least this many per graph
 # the target's outputs get their calibrated range widened by this factor (about its middle): a logit above the
 # calibrated maximum clips, and clipped top logits tie, so the argmax can change (a 16-bit range twice as wide gives
 # up one bit of resolution the logits do not need; measured on the tiny llama: top logit 1.14, calibrated max 0.84)
@@ -37,20 +40,20 @@ OUTPUT_HEADROOM = 2.0
 
 # ---- ------------------------------------------------------------------------------------
 class _Recorder:
-    """A predictor over an fp32 CPU session that keeps a uniform sample of MAX_SAMPLES of the feeds it was given
+    """A predictor over an fp32 CPU session that keeps a uniform sample of `keep` of the feeds it was given
     (reservoir sampling, seeded: the same export gives the same ranges; memory bounded by the sample)."""
 
-    def __init__(self, session):
-        self.session, self.feeds, self.seen = session, [], 0
+    def __init__(self, session, keep: int):
+        self.session, self.feeds, self.seen, self.keep = session, [], 0, keep
         self.outputs = [o.name for o in session.get_outputs()]
         self.rng = np.random.default_rng(0)
 
     def __call__(self, feeds: dict) -> dict:
         self.seen += 1
-        slot = len(self.feeds) if len(self.feeds) < MAX_SAMPLES else int(self.rng.integers(self.seen))
+        slot = len(self.feeds) if len(self.feeds) < self.keep else int(self.rng.integers(self.seen))
         if slot == len(self.feeds):
             self.feeds.append({k: np.array(v) for k, v in feeds.items()})
-        elif slot < MAX_SAMPLES:
+        elif slot < self.keep:
             self.feeds[slot] = {k: np.array(v) for k, v in feeds.items()}
         return dict(zip(self.outputs, self.session.run(None, feeds)))
 
@@ -76,7 +79,9 @@ def calibrate(job: bundle.ExportJob, fp32: dict[str, Path], lengths: tuple[int, 
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    rec = {g: _Recorder(ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])) for g, p in fp32.items()}
+    keep = max(MIN_SAMPLES, MAX_SAMPLES // len(lengths))
+    rec = {g: _Recorder(ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"]), keep)
+           for g, p in fp32.items()}
     first = rec[target_graph(lengths[0])]  # the runtime pads row 0 to the shortest graph
     sink = None if not host_sink else lambda feeds: dict(zip(first.outputs, first.session.run(None, feeds)))
     backend = FixedBackend({t: rec[target_graph(t)] for t in lengths}, job.layout, slots, "qnn-calibration",
@@ -84,17 +89,17 @@ def calibrate(job: bundle.ExportJob, fp32: dict[str, Path], lengths: tuple[int, 
     session = Session(backend)
     drafter = FixedDrafter(rec[DRAFTER_GRAPH], backend, job.sources) if job.drafter is not None else None
     sequences = calibration_tokens(job.target, session)
-    for t in lengths:  # chunked passes of exactly t tokens (the last may be shorter: a padded pass)
-        for tokens in sequences:
-            session.reset()
-            for start in range(0, len(tokens), t):
-                chunk = tokens[start:start + t]
-                out = session.forward(chunk)
-                session.commit(len(chunk))
-                if drafter is not None and session.length < session.max_context:
-                    drafter.begin(session.length, session.state.drafter_masks(), session.length)
-                    step = drafter.step(tokens[min(start + t, len(tokens)) - 1], out.hidden[-1])
-                    drafter.step(int(step.token_ids[np.argmax(step.logits)]), step.hidden)
+    for j in range(max(len(sequences), len(lengths))):  # round robin: every sequence once, every length at least once
+        tokens, t = sequences[j % len(sequences)], lengths[j % len(lengths)]
+        session.reset()  # chunked passes of exactly t tokens (the last may be shorter: a padded pass)
+        for start in range(0, len(tokens), t):
+            chunk = tokens[start:start + t]
+            out = session.forward(chunk)
+            session.commit(len(chunk))
+            if drafter is not None and session.length < session.max_context:
+                drafter.begin(session.length, session.state.drafter_masks(), session.length)
+                step = drafter.step(tokens[min(start + t, len(tokens)) - 1], out.hidden[-1])
+                drafter.step(int(step.token_ids[np.argmax(step.logits)]), step.hidden)
     return {g: r.sample() for g, r in rec.items()}
 
 
