@@ -61,7 +61,7 @@ from edge_spec.model.forms import PLACED
 from edge_spec.model.ops import TableRopeOps
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.exporters import static
-from edge_spec.exporters.qnn_calibration import calibrate, merged_ranges, moved_from, with_headroom
+from edge_spec.exporters.qnn_calibration import calibrate, merged_ranges, moved_from, tensor_ranges, with_headroom
 from edge_spec.runtimes.fixed import keep_name, pass_lengths, slot_index_name
 from edge_spec.logs import quiet
 from edge_spec.contract.manifest import GraphEntry
@@ -134,33 +134,33 @@ def linears_as_conv(path: Path) -> int:
 
 
 # ---- 4. QDQ ---------------------------------------------------------------------------------------------
-def quantize(pre: Path, out: Path, feeds: list[dict], scheme: str, ranges: dict | None, tables: bool = False) -> None:
-    """`pre` -> QDQ `out` (onnxruntime's QNN config, per-channel Conv weights), calibrated on `feeds` or given the
-    merged `ranges`. `tables` (the drafter's step): the vocabulary tables a Gather reads (`gather_tables`) at the
+def quantize(pre: Path, out: Path, own: dict[str, tuple[float, float]], scheme: str, ranges: dict | None,
+             tables: bool = False) -> None:
+    """`pre` -> QDQ `out` (onnxruntime's QNN config, per-channel Conv weights), given its `own` calibrated ranges
+    (`qnn_calibration.tensor_ranges`, handed over as onnxruntime's calibration cache: it calibrates nothing itself) and
+    the `ranges` merged across the target's graphs, which override them where QNN fixes no scale itself. `tables`
+    (the drafter's step): the vocabulary tables a Gather reads (`gather_tables`) at the
     weights' width - onnxruntime's QNN config treats a Gather's data as an activation, so at 16a8w a table takes 16
     bits (SmolLM2's drafter context binary: 116.6 MB, two 16-bit copies of the 49,152 x 576 table). The target's
     input table stays 16-bit: 8 bits there (2026-12-06) made the table's Gather feeding Gemma's 16-bit embedding
     scale requantize ~16x further apart on the simulated HTP than on the CPU provider, and the E2B-sized drafter
     fed by that target chose another top token on the two (tests/test_qnn.py::test_e2b_sized_drafter...); with
     8-bit tables in the drafter alone it agrees (6.7e-2 of the logits' scale, same top token)."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize as ort_quantize
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import TensorsData, save_tensors_data
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
-    class Reader(CalibrationDataReader):
-        def __init__(self, items):
-            self.items = iter(items)
-
-        def get_next(self):
-            return next(self.items, None)
 
     act, weight = (getattr(QuantType, n) for n in qnn_htp.QUANTS[scheme])
     graph_inputs = {i.name for i in onnx.load(str(pre), load_external_data=False).graph.input}
-    with quiet("root", "onnxruntime"), warnings.catch_warnings():
+    cache = out.with_name(out.name + ".calibration.json")
+    save_tensors_data(TensorsData(CalibrationMethod.MinMax, {
+        name: (np.array([lo], np.float32), np.array([hi], np.float32)) for name, (lo, hi) in own.items()}), cache)
+    with quiet("root", "onnxruntime"), warnings.catch_warnings(), _linear_input_rewrites():
         warnings.simplefilter("ignore")
         logging.disable(logging.WARNING)
         try:
-            config = get_qnn_qdq_config(str(pre), Reader(feeds[:2] if ranges else feeds), activation_type=act,
-                                        weight_type=weight, per_channel=True)  # Conv weights (linears_as_conv)
+            config = get_qnn_qdq_config(str(pre), None, activation_type=act, weight_type=weight,
+                                        per_channel=True)  # Conv weights (linears_as_conv)
             fixed = config.extra_options.setdefault("TensorQuantOverrides", {})
             for name in gather_tables(pre) if tables else ():
                 fixed.setdefault(name, [{"quant_type": weight}])
@@ -168,9 +168,36 @@ def quantize(pre: Path, out: Path, feeds: list[dict], scheme: str, ranges: dict 
                 if name in fixed or (name in graph_inputs and not name.startswith(("mask", "k_cache", "v_cache"))):
                     continue
                 fixed[name] = [{"rmin": np.float32(lo), "rmax": np.float32(hi)}]
-            ort_quantize(str(pre), str(out), config)
+            quantize_static(str(pre), str(out), None, calibration_cache_path=cache, quant_format=config.quant_format,
+                            activation_type=config.activation_type, weight_type=config.weight_type,
+                            op_types_to_quantize=config.op_types_to_quantize, nodes_to_quantize=config.nodes_to_quantize,
+                            nodes_to_exclude=config.nodes_to_exclude, per_channel=config.per_channel,
+                            reduce_range=config.reduce_range, use_external_data_format=config.use_external_data_format,
+                            extra_options=config.extra_options)
         finally:
             logging.disable(logging.NOTSET)
+            cache.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _linear_input_rewrites():
+    """onnxruntime's QDQ quantizer points each quantized activation's readers at its DequantizeLinear by comparing
+    every input of every node in Python (`ONNXModel.replace_input_of_all_nodes`: 43 of a tiny Gemma-4 bundle's 84 s
+    export, quadratic in the graph's size). For the call: the same rewrite, the nodes that read the tensor found by
+    protobuf's own membership test first (the QDQ graphs are identical: tests/test_qnn.py)."""
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    def rewrite(self, old: str, new: str) -> None:
+        for node in self.model.graph.node:
+            if old in node.input:
+                ONNXModel.replace_node_input(node, old, new)
+
+    original = ONNXModel.replace_input_of_all_nodes
+    ONNXModel.replace_input_of_all_nodes = rewrite
+    try:
+        yield
+    finally:
+        ONNXModel.replace_input_of_all_nodes = original
 
 
 def gather_tables(path: Path) -> list[str]:
@@ -351,10 +378,11 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
         if not qnn_preprocess_model(str(path), str(pre[g])):
             pre[g] = path
     targets = [target_graph(t) for t in lengths]
-    ranges = with_headroom(merged_ranges(pre, feeds, work, targets), moved_from(pre[targets[0]], (kv.LOGITS, kv.HIDDEN)))
+    own = {g: tensor_ranges(pre[g], feeds.pop(g)) for g in list(feeds)}  # each graph's ranges over its feeds
+    ranges = with_headroom(merged_ranges(pre, own, targets), moved_from(pre[targets[0]], (kv.LOGITS, kv.HIDDEN)))
     for g in fp32:
         step(f"quantizing {g} ({job.precision})")
-        quantize(pre[g], job.tmp / qdq_file(g), feeds[g], job.precision, ranges if g in targets else None,
+        quantize(pre[g], job.tmp / qdq_file(g), own[g], job.precision, ranges if g in targets else None,
                  tables=g == DRAFTER_GRAPH)
         step(f"compiling {g} for {soc.name} (HTP v{soc.htp_arch})")
         compile_context(job.tmp / qdq_file(g), job.tmp / ctx_file(g), soc)

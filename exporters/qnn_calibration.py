@@ -103,34 +103,59 @@ def calibrate(job: bundle.ExportJob, fp32: dict[str, Path], lengths: tuple[int, 
     return {g: r.sample() for g, r in rec.items()}
 
 
-def merged_ranges(pre: dict[str, Path], feeds: dict[str, list[dict]], work: Path, shared: list[str]) -> dict:
-    """tensor name -> (min, max) over every graph in `shared` (MinMax calibration), for tensors they all have.
+def tensor_ranges(path: Path, feeds: list[dict]) -> dict[str, tuple[float, float]]:
+    """tensor name -> (min, max) over `feeds` of every float tensor a node of the model at `path` reads or writes
+    (initializers aside): onnxruntime's MinMax calibration, computed in one pass over the graph. The tensors are read
+    as extra graph outputs; onnxruntime's calibrator inserts two reduce nodes per tensor, each placed by a search over
+    every node (quadratic: 93 of a tiny Gemma-4 bundle's 190 s export, 2026-12-06)."""
+    import onnxruntime as ort
+    from onnx import shape_inference
+
+    proto = shape_inference.infer_shapes(onnx.load(str(path)))
+    graph = proto.graph
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+    typed = {v.name: v for v in list(graph.value_info) + list(graph.output) + list(graph.input)
+             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in floats}
+    constants = {i.name for i in graph.initializer}
+    wanted = {t for n in graph.node for t in list(n.input) + list(n.output) if t in typed and t not in constants}
+    fed = sorted(wanted & {i.name for i in graph.input})
+    produced = sorted(wanted - set(fed))
+    outputs = {o.name for o in graph.output}
+    graph.output.extend([typed[t] for t in produced if t not in outputs])
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as onnxruntime's calibrator: no fusion
+    session = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    del proto
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+
+    def add(name, value):
+        a, b = float(np.nanmin(value)), float(np.nanmax(value))
+        lo[name], hi[name] = min(lo.get(name, a), a), max(hi.get(name, b), b)
+
+    for feed in feeds:
+        for name in fed:
+            add(name, feed[name])
+        for name, value in zip(produced, session.run(produced, feed)):
+            add(name, value)
+    return {name: (lo[name], hi[name]) for name in lo}
+
+
+def merged_ranges(pre: dict[str, Path], own: dict[str, dict], shared: list[str]) -> dict:
+    """tensor name -> (min, max) over every graph in `shared` (their `own` ranges: `tensor_ranges`), for tensors
+    they all have.
 
     Each cached layer's K (and V) cache input, its new rows output and the concatenation of the two get one range:
     a key a verify pass computes (new rows) and the same key read back from the cache in a later decode step (cache
     input) then quantize to the same integers, so verify rows and decode steps see the same attention inputs."""
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod
-    from onnxruntime.quantization.calibrate import create_calibrator
-
-    class Reader(CalibrationDataReader):
-        def __init__(self, items):
-            self.items = iter(items)
-
-        def get_next(self):
-            return next(self.items, None)
-
     ranges: dict[str, tuple[float, float]] = {}
     seen: dict[str, int] = {}
     for g in shared:
-        cal = create_calibrator(str(pre[g]), augmented_model_path=str(work / f"{g}.augmented.onnx"),
-                                calibrate_method=CalibrationMethod.MinMax)
-        cal.collect_data(Reader(feeds[g]))
-        for name, data in cal.compute_data().data.items():
-            lo, hi = float(np.min(data.range_value[0])), float(np.max(data.range_value[1]))
+        for name, (lo, hi) in own[g].items():
             old = ranges.get(name, (lo, hi))
             ranges[name] = (min(old[0], lo), max(old[1], hi))
             seen[name] = seen.get(name, 0) + 1
-        del cal
     ranges = {name: r for name, r in ranges.items() if seen[name] == len(shared)}
     for group in cache_groups(onnx.load(str(pre[shared[0]]), load_external_data=False)):
         group = [n for n in group if n in ranges]

@@ -227,6 +227,63 @@ def test_the_outputs_ranges_get_headroom_about_their_middle():
     assert out == {"logits": (-1.5, 2.5), "hidden": (-4.0, 4.0), "x": (0.0, 1.0)} and ranges["logits"] == (-0.5, 1.5)
 
 
+
+def _small_graph(path):
+    """x [2, 4] -> MatMul -> Add -> Relu -> Softmax, the MatMul's output read twice by one node (Add) and once more."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "h"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Mul", ["r", "h"], ["m"]),
+             helper.make_node("Softmax", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return [{"x": rng.normal(0, s, (2, 4)).astype(np.float32)} for s in (0.5, 2.0, 1.0)]
+
+
+def test_our_ranges_equal_onnxruntimes_minmax_calibration(tmp_path):
+    """`tensor_ranges` (one pass, the tensors read as graph outputs) gives onnxruntime's MinMax calibrator's ranges,
+    bit for bit, for every tensor the calibrator covers."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    from edge_spec.exporters.qnn_calibration import tensor_ranges
+
+    feeds = _small_graph(tmp_path / "g.onnx")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter(feeds)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    cal = create_calibrator(str(tmp_path / "g.onnx"), augmented_model_path=str(tmp_path / "aug.onnx"),
+                            calibrate_method=CalibrationMethod.MinMax)
+    cal.collect_data(Reader())
+    theirs = {n: (float(d.range_value[0][0]), float(d.range_value[1][0])) for n, d in cal.compute_data().data.items()}
+    ours = tensor_ranges(tmp_path / "g.onnx", feeds)
+    assert set(theirs) == {"x", "h", "a", "r", "m", "y"} and {n: ours[n] for n in theirs} == theirs
+    assert ours["x"] == (min(float(f["x"].min()) for f in feeds), max(float(f["x"].max()) for f in feeds))
+
+
+def test_the_linear_input_rewrite_rewrites_as_onnxruntime_does(tmp_path):
+    """`_linear_input_rewrites`: the quantizer's renaming of a tensor's readers, the same graph as onnxruntime's own."""
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    from edge_spec.exporters.qnn import _linear_input_rewrites
+
+    _small_graph(tmp_path / "g.onnx")
+    theirs, ours = (ONNXModel(onnx.load(str(tmp_path / "g.onnx"))) for _ in range(2))
+    theirs.replace_input_of_all_nodes("h", "h_dq")
+    with _linear_input_rewrites():
+        ours.replace_input_of_all_nodes("h", "h_dq")
+    assert ours.model.SerializeToString() == theirs.model.SerializeToString()
+    assert [list(n.input) for n in ours.model.graph.node][1:4] == [["h_dq", "h_dq"], ["a"], ["r", "h_dq"]]
+    assert ONNXModel.replace_input_of_all_nodes.__name__ == "replace_input_of_all_nodes"  # put back
+
 # ---- exactness (the HTP's host check, verify rows, spec == plain, rejections: tests/test_contract.py) ----------
 def cpu_session(folder):
     """The bundle's QDQ graphs on the CPU provider, in the row mode this host's check picks (probed afresh)."""
