@@ -21,11 +21,12 @@ REAL_FIXTURES = frozenset({
 })
 
 # pytest-xdist (`make test`: --dist loadgroup): each test file runs on one worker, so its module-scoped exports are
-# made once; files that share the session's tiny .pte bundles (below) run on the same worker.
-# one worker for the files that build or read build/native (two cmake builds of one folder at once break it) and
-# share the session's tiny .pte
-SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_native.py": "tiny-pte", "test_native_ort.py": "tiny-pte",
-                 "test_native_qnn.py": "tiny-pte", "test_android_bridge.py": "tiny-pte",
+# made once; files that share the session's tiny bundles (tests/contract.BundleFactory, one per worker) run on the
+# same worker: the .pte readers (most of them native runner tests) on one, the ONNX and QNN bundles' native
+# readers with the per-format file that exports them (the native build is locked: tests/test_native.native)
+SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_executorch_lean.py": "tiny-pte", "test_native.py": "tiny-pte",
+                 "test_native_ort.py": "test_onnx.py", "test_native_qnn.py": "test_qnn.py",
+                 "test_android_bridge.py": "tiny-pte",
                  "test_bench_native.py": "tiny-pte", "test_native_coreml.py": "tiny-pte",
                  "test_native_hardening.py": "tiny-pte", "test_serve_native.py": "tiny-pte",
                  "test_native_datastore.py": "tiny-pte"}

@@ -36,16 +36,22 @@ TOKENS = 40
 @pytest.fixture(scope="session")
 def native():
     """build/native/{edge-spec-run, edge-spec-run-test (with the test hooks), c_api_test, kv_vectors_test},
-    configured and built as `make native` does."""
+    configured and built as `make native` does; one build at a time (a lock beside the folder: pytest-xdist workers
+    that both ask for it wait for one another, and the second finds it up to date)."""
+    import fcntl
+
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         skip_or_fail(f"{' and '.join(missing)} not found: the native runner cannot be built here "
                     "(apt-get install cmake g++)")
     configure = ["cmake", "-S", str(ROOT / "runtimes" / "native"), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release",
                  f"-DES_PYTHON={sys.executable}"]
-    for command in (configure, ["cmake", "--build", str(BUILD), "-j2"]):
-        done = subprocess.run(command, capture_output=True, text=True)
-        assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    BUILD.parent.mkdir(parents=True, exist_ok=True)
+    with open(BUILD.parent / "native.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for command in (configure, ["cmake", "--build", str(BUILD), "-j2"]):
+            done = subprocess.run(command, capture_output=True, text=True)
+            assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return BUILD
 
 

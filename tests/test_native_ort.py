@@ -3,8 +3,8 @@
 The runner is built as tests/test_native.py builds it (its `native` fixture: CMake into build/native, what `make
 native` runs); the onnx backend is in it when CMake found onnxruntime's library and headers, else every test here
 skips saying why. Tiny random ONNX bundles (tests/tiny.py, the drafters of tests/test_onnx.py) are exported once per
-module, fp32 and int8 (llama also int4: the 4-bit table), as `edge-spec export --format onnx` writes them (the dynamo exporter; llama also with
-`--kv shared`). Every comparison is
+module, int8 (llama also int4: the 4-bit table), as `edge-spec export --format onnx` writes them (the dynamo
+exporter; llama also with `--kv shared`); the fp32 ones are the contract suite's (tests/contract.py). Every comparison is
 token for token with the Python runtime on the same bundle: greedy plain and speculative (the drafter graph over the
 runner's caches), rejected drafts, seeded rejection sampling (the drafter's logits decide), the host check's verdict,
 the C API; damaged graphs and formats without a backend are refused naming the file and the fix.
@@ -32,37 +32,41 @@ GREEDY = SamplingParams()
 TOKENS = 40
 
 
-# ---- the bundles and the backend ---------------------------------------------------------------------------
-def _export(folder, out, drafter_args, precisions=("fp32", "int8"), **export_args):
+def _export(folder, out, drafter_args, precisions=("fp32", "int8"), fp32=None, **export_args):
+    """The bundles of `precisions`; `fp32`: the session's fp32 bundle of the same pair and arguments, where the
+    contract suite exports one (tests/contract.py; this file shares test_onnx.py's worker for it)."""
     from edge_spec.exporters.onnx import export_bundle
     from tests.test_onnx import tiny_drafter
 
     target = checkpoints.load(str(folder))
     drafter = tiny_drafter(target.config, **drafter_args)
-    return {precision: export_bundle(target, out / precision, drafter=drafter, precision=precision, **export_args)
+    return {precision: fp32 if precision == "fp32" and fp32 is not None else
+            export_bundle(target, out / precision, drafter=drafter, precision=precision, **export_args)
             for precision in precisions}
 
 
+# ---- the bundles and the backend ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def llama_onnx(tiny_llama, tmp_path_factory):
+def llama_onnx(tiny_llama, tiny_bundles, tmp_path_factory):
     """Tiny llama + a clustered drafter scoring with the target's tied table (tests/test_onnx.py's `llama`)."""
     return _export(tiny_llama[0], tmp_path_factory.mktemp("native-ort") / "llama", dict(head_from="target"),
-                   ("fp32", "int8", "int4"), max_context=160, binding="io")
+                   ("fp32", "int8", "int4"), fp32=tiny_bundles.get("onnx", "llama", "io")[0], max_context=160,
+                   binding="io")
 
 
 @pytest.fixture(scope="module")
-def llama_shared_onnx(tiny_llama, tmp_path_factory):
+def llama_shared_onnx(tiny_llama, tiny_bundles, tmp_path_factory):
     """The same llama pair with the `shared` KV binding: GroupQueryAttention writing the runner's caches in place."""
     return _export(tiny_llama[0], tmp_path_factory.mktemp("native-ort") / "llama-shared", dict(head_from="target"),
-                   max_context=160, binding="shared")
+                   fp32=tiny_bundles.get("onnx", "llama", "shared")[0], max_context=160, binding="shared")
 
 
 @pytest.fixture(scope="module")
-def gemma_onnx(tiny_gemma4, tmp_path_factory):
+def gemma_onnx(tiny_gemma4, tiny_bundles, tmp_path_factory):
     """Tiny Gemma-4 (sliding rings of 6 + 9 - 1 = 14 slots, KV sharing, per-layer inputs) + a dense-head drafter with
     its own output table."""
     return _export(tiny_gemma4[0], tmp_path_factory.mktemp("native-ort") / "gemma", dict(clustered=False),
-                   max_context=96, max_pass=9)
+                   fp32=tiny_bundles.get("onnx", "gemma", "io")[0], max_context=96, max_pass=9)
 
 
 @pytest.fixture(scope="module")
