@@ -221,7 +221,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     module = exporter(args.format)
     choice = default_drafter(args.model) if args.drafter is None else args.drafter
     choice = None if choice == "none" else choice
-    bar = tqdm(total=module.export_steps(choice is not None) + 1, desc="export", unit="step", file=sys.stderr,
+    steps = module.export_steps(choice is not None, max_draft_len=args.max_draft_len, max_pass=args.max_pass, **options)
+    bar = tqdm(total=steps + 1, desc="export", unit="step", file=sys.stderr,
                bar_format="{desc}: {n}/{total} {bar} {elapsed} {postfix}")
 
     def progress(step: str) -> None:

@@ -166,9 +166,10 @@ def state_names(layout: kv.KVLayout) -> list[str]:
 
 
 # ---- the bundle --------------------------------------------------------------------------------------
-def export_steps(with_drafter: bool) -> int:
-    """How many times `export_bundle` calls `progress` with the default lengths (for a progress bar)."""
-    n_lengths = len(pass_lengths(DEFAULT_MAX_DRAFT_LEN, max(kv.DEFAULT_MAX_PASS, DEFAULT_MAX_DRAFT_LEN + 1)))
+def export_steps(with_drafter: bool, max_draft_len: int | None = None, max_pass: int | None = None, **_) -> int:
+    """How many times `export_bundle` calls `progress` for these lengths (None: the defaults; for a progress bar)."""
+    k = max_draft_len or DEFAULT_MAX_DRAFT_LEN
+    n_lengths = len(pass_lengths(k, max_pass or max(kv.DEFAULT_MAX_PASS, k + 1)))
     return COMMON_STEPS + n_lengths + 1 + (1 if with_drafter else 0)
 
 

@@ -251,8 +251,8 @@ def lower(methods: dict, constants: dict) -> bytes:
 
 
 # ---- the bundle --------------------------------------------------------------------------------------
-def export_steps(with_drafter: bool) -> int:
-    """How many times `export_bundle` calls `progress` (for a progress bar)."""
+def export_steps(with_drafter: bool, **_) -> int:
+    """How many times `export_bundle` calls `progress` (for a progress bar), whatever the lengths and options."""
     return COMMON_STEPS + 3 + (1 if with_drafter else 0)
 
 

@@ -287,8 +287,8 @@ def needs_output_table(cfg, drafter: Drafter | None) -> bool:
 
 
 # ---- the bundle --------------------------------------------------------------------------------------
-def export_steps(with_drafter: bool) -> int:
-    """How many times `export_bundle` calls `progress` (for a progress bar)."""
+def export_steps(with_drafter: bool, **_) -> int:
+    """How many times `export_bundle` calls `progress` (for a progress bar), whatever the lengths and options."""
     return COMMON_STEPS + 2 + (2 if with_drafter else 0)
 
 

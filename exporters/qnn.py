@@ -289,10 +289,12 @@ def share_weights(models: list[Path], data: Path) -> tuple[int, int]:
 
 
 # ---- the bundle -------------------------------------------------------------------------------------------
-def export_steps(with_drafter: bool) -> int:
-    """How many times `export_bundle` calls `progress` with the default lengths (for a progress bar)."""
-    n = len(target_lengths("every", DEFAULT_MAX_DRAFT_LEN, max(kv.DEFAULT_MAX_PASS, DEFAULT_MAX_DRAFT_LEN + 1))) \
-        + with_drafter
+def export_steps(with_drafter: bool, max_draft_len: int | None = None, max_pass: int | None = None,
+                 graphs: str = "every", **_) -> int:
+    """How many times `export_bundle` calls `progress` for these lengths and --qnn-graphs (None: the defaults; for a
+    progress bar)."""
+    k = max_draft_len or DEFAULT_MAX_DRAFT_LEN
+    n = len(target_lengths(graphs, k, max_pass or max(kv.DEFAULT_MAX_PASS, k + 1))) + with_drafter
     return COMMON_STEPS + n + 1 + 2 * n + 1 + 1
 
 

@@ -13,6 +13,7 @@ with the contract suite).
 """
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -445,7 +446,10 @@ def test_cli_export_and_generate(tiny_llama, llama, tmp_path, capsys):
     assert "--soc applies to --format qnn" in capsys.readouterr().err and not out.exists()
     assert main(["export", "--model", str(tiny_llama[0]), "--drafter", "none", "--format", "qnn", "--soc", "sm8550",
                  "--max-context", "32", "--max-draft-len", "2", "--max-pass", "3", "--out", str(out)]) == 0
-    assert "qnn 16a8w" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "qnn 16a8w" in err
+    done, total = re.findall(r"export: (\d+)/(\d+)", err)[-1]  # the progress bar counts this export's steps
+    assert done == total, err[-300:]
     assert read_manifest(out).graphs["target"].fixed["qnn"]["soc_model"] == 43
     base = ["generate", "--bundle", str(out), "--prompt", "w5 w6 w7", "--max-new-tokens", "6", "--quiet"]
     assert main(base) == 0 and capsys.readouterr().out.strip()

@@ -38,7 +38,7 @@ ROW = formats.Format(
 
 
 # ---- the exporter half ------------------------------------------------------------------------------------------
-def export_steps(with_drafter: bool) -> int:
+def export_steps(with_drafter: bool, **_) -> int:
     return bundle.COMMON_STEPS + 1
 
 
