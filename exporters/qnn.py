@@ -307,9 +307,9 @@ def target_lengths(graphs: str, max_draft_len: int, max_pass: int) -> tuple[int,
     context binary holds its own (one context shared across graphs does not load on the x86-64 simulator,
     docs/android-qnn.md). "two": one graph for decode and verify (max_draft_len + 1 rows; a decode step is a padded
     pass, which on an HTP costs about what one row does: it reads the same weights) and the prefill chunk: two
-    copies. Not the default yet: on the tiny Gemma-4 (sliding rings) a 9-row verify pass through the CPU provider
-    differed from 5-row padded decode steps at one position (tests/test_qnn.py::test_two_graphs...: the tiny llama is
-    exact), so the host check must keep finding it exact on the model it runs."""
+    copies. Not the default yet: on the tiny Gemma-4 (sliding rings) a 9-row pass through the CPU provider differs
+    from 5-row padded decode steps: torch.onnx names a few constants differently in the two graphs, and
+    `qnn_calibration.merged_ranges` merges ranges by name (docs/android-qnn.md "2026-12-06 (later)")."""
     if graphs not in GRAPHS:
         raise ConfigError(f"unknown --qnn-graphs {graphs!r}", f"use one of {', '.join(GRAPHS)}")
     if graphs == "every":
