@@ -54,6 +54,7 @@ from edge_spec.contract import bundle
 from edge_spec.exporters import calibration
 from edge_spec.contract import kv
 from edge_spec.exporters import static
+from edge_spec.exporters import coreml_passes
 from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.contract.formats import FORMATS
@@ -194,14 +195,15 @@ def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
     work = job.tmp / "functions"
     work.mkdir()
     desc = ct.utils.MultiFunctionDescriptor()
-    for name, path in _functions(job, lengths, slots, work):
-        desc.add_function(str(path), src_function_name="main", target_function_name=name)
-    step("merging the functions into one .mlpackage")
-    desc.default_function_name = target_function(1)
-    (job.tmp / COREML_DIR).mkdir()
-    with warnings.catch_warnings(), quiet("coremltools"), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        ct.utils.save_multifunction(desc, str(job.tmp / PACKAGE))
+    with coreml_passes.pipeline_checks():  # coremltools' pass pipelines, validated once each (not after every pass)
+        for name, path in _functions(job, lengths, slots, work):
+            desc.add_function(str(path), src_function_name="main", target_function_name=name)
+        step("merging the functions into one .mlpackage")
+        desc.default_function_name = target_function(1)
+        (job.tmp / COREML_DIR).mkdir()
+        with warnings.catch_warnings(), quiet("coremltools"), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            ct.utils.save_multifunction(desc, str(job.tmp / PACKAGE))
     shutil.rmtree(work)
     fixed = {"lengths": {str(t): target_function(t) for t in lengths}, "slots": slots}
     if state:  # what a runner outside Python needs to feed the functions and size the shared state

@@ -12,12 +12,14 @@ inputs, places new rows into their slots by data movement and attends over the s
      output head too) as a 1x1 Conv (`linears_as_conv`: QNN quantizes Conv weights per output channel, MatMul
      weights per tensor only), rotary cos / sin gathered from per-position tables (`TableRopeOps`: a computed
      angle is an activation whose calibrated range ends at the longest calibration position). One target graph
-     per pass length (`target_lengths`: every length, or two with --qnn-graphs two);
+     per pass length (`target_lengths`: by default two, decode + verify and the prefill chunk; every length with
+     --qnn-graphs every);
   2. `qnn_preprocess_model` (QNN-friendly fusions);
   3. calibration on our own prompt data: the shipped bench prompts' tokens plus the target's greedy continuation,
      run through the fp32 graphs by the same padded runtime the bundle will use (edge_spec.runtimes.fixed), as chunked
      passes at every exported length (and the drafter's steps over them). Activation ranges are merged across
-     the target's lengths by tensor name, so every length quantizes every activation with the *same* scale: a
+     the target's lengths tensor by tensor (matched by node position, `qnn_calibration.merged_ranges`: torch.onnx
+     names some constants differently at each length), so every length quantizes every activation with the *same* scale: a
      verify row and a decode step then see the same quantized values (per-length calibration would give them
      different scales, and greedy speculative output would drift from plain);
   4. `get_qnn_qdq_config` + `quantize` (16-bit activations / 8-bit weights by default; 8a8w as an option) ->
@@ -290,7 +292,7 @@ def share_weights(models: list[Path], data: Path) -> tuple[int, int]:
 
 # ---- the bundle -------------------------------------------------------------------------------------------
 def export_steps(with_drafter: bool, max_draft_len: int | None = None, max_pass: int | None = None,
-                 graphs: str = "every", **_) -> int:
+                 graphs: str = "two", **_) -> int:
     """How many times `export_bundle` calls `progress` for these lengths and --qnn-graphs (None: the defaults; for a
     progress bar)."""
     k = max_draft_len or DEFAULT_MAX_DRAFT_LEN
@@ -302,14 +304,14 @@ GRAPHS = ("two", "every")  # --qnn-graphs: which fixed pass lengths get a target
 
 
 def target_lengths(graphs: str, max_draft_len: int, max_pass: int) -> tuple[int, ...]:
-    """The target graphs' pass lengths. "every" (default): decode, verify at k + 1 for k in 1, 2, 4 and
-    max_draft_len, prefill (`fixed.pass_lengths`, the Core ML lengths): ~6 copies of the weights, since each QNN
-    context binary holds its own (one context shared across graphs does not load on the x86-64 simulator,
-    docs/android-qnn.md). "two": one graph for decode and verify (max_draft_len + 1 rows; a decode step is a padded
-    pass, which on an HTP costs about what one row does: it reads the same weights) and the prefill chunk: two
-    copies. Not the default yet: on the tiny Gemma-4 (sliding rings) a 9-row pass through the CPU provider differs
-    from 5-row padded decode steps: torch.onnx names a few constants differently in the two graphs, and
-    `qnn_calibration.merged_ranges` merges ranges by name (docs/android-qnn.md "2026-12-06 (later)")."""
+    """The target graphs' pass lengths. "two" (default): one graph for decode and verify (max_draft_len + 1 rows; a
+    decode step is a padded pass, which on an HTP costs about what one row does: it reads the same weights) and the
+    prefill chunk - one graph when those are equal: two copies of the weights, since each QNN context binary holds its
+    own (one context shared across graphs does not load on the x86-64 simulator, docs/android-qnn.md). "every":
+    decode, verify at k + 1 for k in 1, 2, 4 and max_draft_len, prefill (`fixed.pass_lengths`, the Core ML lengths):
+    ~6 copies. (Until 2026-12-06 "every" was the default: on the tiny Gemma-4 a 9-row pass differed from padded
+    5-row decode steps through the CPU provider, because ranges were merged by tensor name and torch.onnx names some
+    constants differently in each graph; `qnn_calibration.merged_ranges` now matches tensors by node position.)"""
     if graphs not in GRAPHS:
         raise ConfigError(f"unknown --qnn-graphs {graphs!r}", f"use one of {', '.join(GRAPHS)}")
     if graphs == "every":
@@ -317,7 +319,7 @@ def target_lengths(graphs: str, max_draft_len: int, max_pass: int) -> tuple[int,
     return tuple(sorted({max_draft_len + 1, max_pass}))
 
 
-def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True, graphs: str = "every") -> bundle.Writer:
+def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True, graphs: str = "two") -> bundle.Writer:
     """The qnn format's `write` for `soc` (edge_spec.contract.bundle.export_bundle); fails before any work when the
     SoC is unknown, `graphs` unknown or the QNN EP missing. `max_pass` (default 64, or max_draft_len + 1): the
     prefill chunk, the longest fixed pass length; `graphs`: `target_lengths`. `host_sink` (default): position 0 runs
@@ -381,11 +383,11 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
             pre[g] = path
     targets = [target_graph(t) for t in lengths]
     own = {g: tensor_ranges(pre[g], feeds.pop(g)) for g in list(feeds)}  # each graph's ranges over its feeds
-    ranges = with_headroom(merged_ranges(pre, own, targets), moved_from(pre[targets[0]], (kv.LOGITS, kv.HIDDEN)))
+    merged = merged_ranges(pre, own, targets)  # one range per tensor across the target's graphs
     for g in fp32:
         step(f"quantizing {g} ({job.precision})")
-        quantize(pre[g], job.tmp / qdq_file(g), own[g], job.precision, ranges if g in targets else None,
-                 tables=g == DRAFTER_GRAPH)
+        ranges = with_headroom(merged[g], moved_from(pre[g], (kv.LOGITS, kv.HIDDEN))) if g in merged else None
+        quantize(pre[g], job.tmp / qdq_file(g), own[g], job.precision, ranges, tables=g == DRAFTER_GRAPH)
         step(f"compiling {g} for {soc.name} (HTP v{soc.htp_arch})")
         compile_context(job.tmp / qdq_file(g), job.tmp / ctx_file(g), soc)
     if host_sink:

@@ -1,6 +1,6 @@
 """The QNN exporter's calibration: activation ranges for the QDQ graphs, recorded by running the fp32 graphs through
-the padded fixed-shape runtime on the bench prompts, merged across pass lengths (one range per tensor whatever T is)
-and across each layer's cache tensors (`cache_groups`), the target's outputs widened (`with_headroom`).
+the padded fixed-shape runtime on the bench prompts, merged across pass lengths (one range per tensor whatever T is,
+the tensors matched by node position: `aligned_tensors`) and across each layer's cache tensors (`cache_groups`), the target's outputs widened (`with_headroom`).
 """
 
 from __future__ import annotations
@@ -142,27 +142,69 @@ def tensor_ranges(path: Path, feeds: list[dict]) -> dict[str, tuple[float, float
     return {name: (lo[name], hi[name]) for name in lo}
 
 
-def merged_ranges(pre: dict[str, Path], own: dict[str, dict], shared: list[str]) -> dict:
-    """tensor name -> (min, max) over every graph in `shared` (their `own` ranges: `tensor_ranges`), for tensors
-    they all have.
+def aligned_tensors(reference: onnx.GraphProto, other: onnx.GraphProto) -> list[tuple[str, str]]:
+    """(reference's tensor, other's tensor) pairs that are the same tensor of the model at another pass length: the
+    inputs and outputs of nodes matched by position (difflib over each computing node's op type and arity, so a node
+    one graph has and the other lacks leaves the rest aligned; constants through the nodes reading them), plus the graphs' own inputs and outputs by name. Not all names:
+    torch.onnx names a few constants differently at each T (its constant deduplication differs), so in a tiny
+    Gemma-4's 5- and 9-row graphs `/model/Constant_14_output_0` was the Div's divisor in one and another constant in
+    the other (docs/android-qnn.md "2026-12-06 (later)")."""
+    import difflib
+
+    def key(n):
+        return n.op_type, len(n.input), len(n.output)
+
+    def computing(g):  # Constant nodes are matched through their readers: where torch.onnx puts them differs too
+        return [n for n in g.node if n.op_type != "Constant"]
+
+    a, b = computing(reference), computing(other)
+    pairs = [(v.name, v.name) for v in list(reference.input) + list(reference.output)]
+    matcher = difflib.SequenceMatcher(None, [key(n) for n in a], [key(n) for n in b], autojunk=False)
+    for i, j, size in matcher.get_matching_blocks():
+        for x, y in zip(a[i:i + size], b[j:j + size]):
+            pairs += [(p, q) for p, q in zip(list(x.input) + list(x.output), list(y.input) + list(y.output)) if p and q]
+    return pairs
+
+
+def merged_ranges(pre: dict[str, Path], own: dict[str, dict], shared: list[str]) -> dict[str, dict]:
+    """graph -> tensor name -> (min, max): for each graph in `shared`, its tensors' ranges merged with the same tensor's
+    in every other graph of `shared` (their `own` ranges: `tensor_ranges`; the same tensor: `aligned_tensors`, not
+    the same name), for tensors every graph has.
 
     Each cached layer's K (and V) cache input, its new rows output and the concatenation of the two get one range:
     a key a verify pass computes (new rows) and the same key read back from the cache in a later decode step (cache
     input) then quantize to the same integers, so verify rows and decode steps see the same attention inputs."""
-    ranges: dict[str, tuple[float, float]] = {}
-    seen: dict[str, int] = {}
+    parent: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def root(x):
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def join(x, y):
+        parent[root(x)] = root(y)
+
+    protos = {g: onnx.load(str(pre[g]), load_external_data=False) for g in shared}
+    first = shared[0]
+    for g in shared[1:]:
+        for p, q in aligned_tensors(protos[first].graph, protos[g].graph):
+            join((g, q), (first, p))
+    for g in shared:
+        for group in cache_groups(protos[g]):
+            for name in group[1:]:
+                join((g, name), (g, group[0]))
+    span: dict[tuple, tuple[float, float]] = {}
+    seen: dict[tuple, set] = {}
     for g in shared:
         for name, (lo, hi) in own[g].items():
-            old = ranges.get(name, (lo, hi))
-            ranges[name] = (min(old[0], lo), max(old[1], hi))
-            seen[name] = seen.get(name, 0) + 1
-    ranges = {name: r for name, r in ranges.items() if seen[name] == len(shared)}
-    for group in cache_groups(onnx.load(str(pre[shared[0]]), load_external_data=False)):
-        group = [n for n in group if n in ranges]
-        if group:
-            union = (min(ranges[n][0] for n in group), max(ranges[n][1] for n in group))
-            ranges.update({n: union for n in group})
-    return ranges
+            r = root((g, name))
+            old = span.get(r, (lo, hi))
+            span[r] = (min(old[0], lo), max(old[1], hi))
+            seen.setdefault(r, set()).add(g)
+    return {g: {name: span[root((g, name))] for name in own[g] if seen[root((g, name))] == set(shared)}
+            for g in shared}
 
 
 def with_headroom(ranges: dict[str, tuple[float, float]], names: tuple[str, ...], factor: float = OUTPUT_HEADROOM

@@ -1,4 +1,5 @@
-"""Where does the simulated HTP compute a QNN bundle's target_1 differently from the CPU provider? The same QDQ graph,
+"""Where does the simulated HTP compute a QNN bundle's shortest target graph (a decode step: target_5 with the
+default two graphs, target_1 with --qnn-graphs every) differently from the CPU provider? The same QDQ graph,
 the same feeds (the CPU bundle's decode step at position POS of the chat prompt "What is the capital of France?"),
 every activation of layers 0 and 1, each layer's residual stream and the final norm exposed as outputs; per tensor:
 max and mean |HTP - CPU| relative to max |CPU|.
@@ -29,19 +30,21 @@ def main() -> None:
     bundle, pos = Path(sys.argv[1]), int(sys.argv[2])
     cpu = load_bundle(bundle, provider="cpu", host_check=False)
     backend, seen = cpu.session.backend, []
-    decode = backend.functions[1]
-    backend.functions[1] = lambda feeds: (seen.append({k: v.copy() for k, v in feeds.items()}), decode(feeds))[1]
+    first = min(backend.functions)  # the graph a decode step runs (padded when it has more rows)
+    decode = backend.functions[first]
+    backend.functions[first] = lambda feeds: (seen.append({k: v.copy() for k, v in feeds.items()}), decode(feeds))[1]
     for token in cpu.encode("What is the capital of France?", chat=True)[:pos + 1]:
         cpu.session.forward([token])
         cpu.session.commit(1)
-    feeds = seen[-1]  # position `pos`'s decode step (position 0 ran on the host sink, not through target_1)
-    model = onnx.load(str(bundle / "qnn" / "target_1.qdq.onnx"))
+    feeds = seen[-1]  # position `pos`'s decode step (position 0 ran on the host sink, not through this graph)
+    graph = cpu.manifest.graphs["target"].fixed["lengths"][str(first)]
+    model = onnx.load(str(bundle / qnn_htp.qdq_file(graph)))
     weights = {i.name for i in model.graph.initializer}
     names = [n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in weights
              and WATCH.search(n.output[0]) and "Constant" not in n.output[0]]
     model.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
     with tempfile.TemporaryDirectory() as work:
-        path = Path(work) / "target_1.watch.qdq.onnx"
+        path = Path(work) / f"{graph}.watch.qdq.onnx"
         onnx.save(model, str(path))
         soc = qnn_htp.get_soc(cpu.manifest.graphs["target"].fixed["qnn"]["soc"])
         sessions = [open_session(path, provider, soc) for provider in ("cpu", "qnn")]

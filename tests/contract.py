@@ -109,16 +109,18 @@ def _rows() -> list[Row]:
                             fp16_kv=binding == kv.BINDING_STATE, env=(COREML_EXECUTOR,),
                             damage="coreml/program.mlpackage/Data/com.apple.CoreML/model.mlmodel",
                             unreadable=r"program\.mlpackage: coremltools cannot read this package"))
-        # QNN: 16a8w, so no parity at an fp32 tolerance (its bounds vs eager: tests/test_qnn.py). Exact on the
-        # simulated HTP (the default provider: the host check's probe there, passes of 2, 3, 5 and 9 rows, finds verify
-        # rows == decode steps since `model.masked_values` and `qnn_calibration.cache_groups`, docs/android-qnn.md)
-        # and through the same QDQ graphs on the CPU provider, where the verify-rows test measures its windows
+        # QNN: 16a8w, so no parity at an fp32 tolerance (its bounds vs eager: tests/test_qnn.py). The default two
+        # target graphs: 5 rows (decode steps and verify passes, padded) and 9 (the prefill chunk; the (30, 9)
+        # window: a 9-row pass gives the bits of padded 5-row steps since ranges are merged by node position).
+        # Exact on the simulated HTP (the default provider: the host check's probe there finds verify rows ==
+        # decode steps since `model.masked_values` and `qnn_calibration.cache_groups`, docs/android-qnn.md) and
+        # through the same QDQ graphs on the CPU provider, where the verify-rows test measures its windows
         rows.append(Row("qnn", family, kv.BINDING_IO, "test_qnn.py",
                         export=dict(precision="16a8w", max_context=64 if family == "llama" else 48, **FIXED), tol=None,
                         runs=(("htp", {}), ("cpu", {"provider": "cpu"})), exact_run={"provider": "cpu"},
                         threads=2, spec_tokens=20, reject_tokens=30,
                         verify=(45, ((20, 5), (30, 9), (41, 3) if family == "llama" else (12, 3))),
-                        damage="qnn/target_1.ctx.onnx", unreadable=r"target_1\.ctx\.onnx: onnxruntime cannot load it"))
+                        damage="qnn/target_5.ctx.onnx", unreadable=r"target_5\.ctx\.onnx: onnxruntime cannot load it"))
     rows = [r for r in rows if r.family != "qwen3" or (r.format, r.binding) in QWEN3_ROWS]
     # the toy format (tests/test_toy_format.py, registered at run time): full-attention llama, no drafter of its own
     rows.append(Row("toy", "llama", kv.BINDING_IO, "test_toy_format.py", export=dict(precision="fp32", max_context=160),

@@ -42,7 +42,8 @@ GEMMA4_VARIANTS = {
     "default-5:1-pattern-no-sharing": dict(layer_types=None, num_hidden_layers=7, num_kv_shared_layers=0),
     "kv-sharing-3+double-wide-mlp": dict(
         layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
-                     "sliding_attention", "full_attention"], num_kv_shared_layers=3, use_double_wide_mlp=True),
+                     "sliding_attention", "full_attention"], num_hidden_layers=6, num_kv_shared_layers=3,
+        use_double_wide_mlp=True),
     "k-eq-v+global-kv-heads+no-ple": dict(attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=0,
                                            hidden_size_per_layer_input=0, final_logit_softcapping=None),
     "moe-block": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24),

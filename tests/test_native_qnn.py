@@ -217,16 +217,16 @@ def test_a_missing_plugin_and_an_unknown_provider_are_refused(qnn_native, llama,
 
 
 def test_a_graph_that_does_not_fit_the_fixed_shapes_is_refused(qnn_native, llama, tmp_path):
-    """target_5's QDQ graph replaced by target_3's (checksums re-recorded, so only the IO check can tell): refused
+    """target_5's QDQ graph replaced by target_9's (checksums re-recorded, so only the IO check can tell): refused
     naming the file, the tensor and the shape the manifest's fixed lengths make it."""
     folder = tmp_path / "bundle"
     shutil.copytree(llama, folder)
     rel = "qnn/target_5.qdq.onnx"
-    shutil.copyfile(folder / "qnn/target_3.qdq.onnx", folder / rel)
+    shutil.copyfile(folder / "qnn/target_9.qdq.onnx", folder / rel)
     raw = json.loads((folder / MANIFEST).read_text())
     raw["files"][rel] = {"sha256": sha256_file(folder / rel), "bytes": (folder / rel).stat().st_size}
     (folder / MANIFEST).write_text(json.dumps(raw))
     err = _refusal(qnn_native, folder, "--provider", "cpu")
-    assert f"{folder / rel}: graph input input_ids is int32[1, 3], the manifest's fixed shapes make it int32[1, 5]" \
+    assert f"{folder / rel}: graph input input_ids is int32[1, 9], the manifest's fixed shapes make it int32[1, 5]" \
         in err
     assert "fix: re-export the bundle: edge-spec export --format qnn" in err

@@ -62,7 +62,7 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
     m = read_manifest(llama[0])
     assert (m.format, m.binding, m.precision) == ("qnn", "io", "16a8w")
     fixed = m.graphs["target"].fixed
-    assert fixed["lengths"] == {str(t): f"target_{t}" for t in (1, 2, 3, 5, 9)}
+    assert fixed["lengths"] == {"5": "target_5", "9": "target_9"}  # --qnn-graphs two (default): 4 + 1 rows, prefill
     assert fixed["qnn"]["soc"] == "sm8650" and (fixed["qnn"]["soc_model"], fixed["qnn"]["htp_arch"]) == (57, 75)
     assert fixed["qnn"]["quant"] == "16a8w" and "QNN 2." in fixed["qnn"]["sdk"]
     assert not m.tables and "embed_table" not in [t.name for t in m.graphs["drafter"].io.inputs]
@@ -88,9 +88,9 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
             assert dq.op_type == "DequantizeLinear" and list(inits[dq.input[1]].dims) == [inits[dq.input[0]].dims[0]]
         assert [i.name for i in qdq.graph.input][:2] == (["input_ids", "position_ids"] if graph != "drafter"
                                                          else ["input_ids", "hidden"])
-    # position 0's graph for the host: the shortest graph (target_1) with float activations, the same 8-bit weights
+    # position 0's graph for the host: the shortest graph (target_5, padded) with float activations, the same weights
     assert fixed["qnn"]["host_sink"] == qnn_htp.sink_file()
-    sink, first = (onnx.load(str(llama[0] / f)) for f in (qnn_htp.sink_file(), qnn_htp.qdq_file("target_1")))
+    sink, first = (onnx.load(str(llama[0] / f)) for f in (qnn_htp.sink_file(), qnn_htp.qdq_file("target_5")))
     ops = [n.op_type for n in sink.graph.node]
     assert "QuantizeLinear" not in ops and ops.count("DequantizeLinear") == \
         sum(n.op_type == "DequantizeLinear" and n.input[0] in {i.name for i in first.graph.initializer}
@@ -127,19 +127,19 @@ def test_the_qdq_graphs_and_the_sink_store_their_weights_once(llama):
     assert weights - 4096 < data.stat().st_size <= weights + alignment, (data.stat().st_size, weights)
 
 
-def test_two_graphs_hold_two_copies_and_stay_exact(llama, tmp_path):
-    """--qnn-graphs two: one graph for decode and verify (max draft length + 1 = 5 rows, decode steps padded) and the
-    prefill chunk (9): two context binaries instead of five, the host sink the 5-row graph's float twin; the host
-    check finds it exact on the simulated HTP and the CPU provider, and greedy speculative == plain on both."""
+def test_every_length_gets_its_graph_and_stays_exact(llama, tmp_path):
+    """--qnn-graphs every: a target graph per pass length (decode 1, verify 2 / 3 / 5, prefill 9: five context
+    binaries, the host sink the 1-row graph's float twin); the host check finds it exact on the simulated HTP and the
+    CPU provider, and greedy speculative == plain on both. (The default two graphs: the session's bundles.)"""
     _, target, drafter = llama
-    out = export_bundle(target, tmp_path / "two", drafter=drafter, precision="16a8w", max_context=64, max_draft_len=4,
-                        max_pass=9, graphs="two")
+    out = export_bundle(target, tmp_path / "every", drafter=drafter, precision="16a8w", max_context=64,
+                        max_draft_len=4, max_pass=9, graphs="every")
     fixed = read_manifest(out).graphs["target"].fixed
-    assert fixed["lengths"] == {"5": "target_5", "9": "target_9"}
+    assert fixed["lengths"] == {str(t): f"target_{t}" for t in (1, 2, 3, 5, 9)}
     assert sorted(p.name for p in (out / qnn_htp.QNN_DIR).glob("target_*.ctx.onnx")) == \
-        ["target_5.ctx.onnx", "target_9.ctx.onnx"]
+        [f"target_{t}.ctx.onnx" for t in (1, 2, 3, 5, 9)]
     sink = onnx.load(str(out / qnn_htp.sink_file()), load_external_data=False)
-    assert [d.dim_value for d in sink.graph.input[0].type.tensor_type.shape.dim] == [1, 5]
+    assert [d.dim_value for d in sink.graph.input[0].type.tensor_type.shape.dim] == [1, 1]
     ids = prompt_ids(9, seed=1)
     for provider in ("qnn", "cpu"):
         engine = load_bundle(out, provider=provider, threads=2, host_check=False)
@@ -226,6 +226,42 @@ def test_the_outputs_ranges_get_headroom_about_their_middle():
     ranges = {"logits": (-0.5, 1.5), "hidden": (-2.0, 2.0), "x": (0.0, 1.0)}
     out = with_headroom(ranges, ("logits", "hidden", "absent"), 2.0)
     assert out == {"logits": (-1.5, 2.5), "hidden": (-4.0, 4.0), "x": (0.0, 1.0)} and ranges["logits"] == (-0.5, 1.5)
+
+
+def _scaled_graph(path, constants):
+    """y = (x * a) / b + x * a2: `constants` names the Constant nodes feeding Mul, Div and the second Mul, in the order
+    they are written - one name for two of them is one deduplicated constant (torch.onnx's naming at another T)."""
+    from onnx import TensorProto, helper
+
+    nodes, made = [], []
+    for name, value in zip(constants, (2.0, 4.0, 2.0)):
+        if name not in made:
+            made.append(name)
+            nodes.append(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.FLOAT,
+                                                                                             [], [value])))
+    nodes.reverse()  # where torch.onnx puts its constants differs too
+    nodes += [helper.make_node("Mul", ["x", constants[0]], ["m"]), helper.make_node("Div", ["m", constants[1]], ["d"]),
+              helper.make_node("Mul", ["x", constants[2]], ["m2"]), helper.make_node("Add", ["d", "m2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_ranges_merge_across_graphs_by_node_position_not_by_name(tmp_path):
+    """The same constant under another name in another graph (and names swapped between two constants, one of them
+    deduplicated in one graph) gets one range across the graphs: merged by the node that reads it. Merging by name
+    gave a tiny Gemma-4's 9-row graph other scales than its 5-row one (docs/android-qnn.md "2026-12-06 (later)")."""
+    from edge_spec.exporters.qnn_calibration import merged_ranges
+
+    pre = {"t5": _scaled_graph(tmp_path / "t5.onnx", ["c_a", "c_b", "c_a"]),  # the two 2.0s deduplicated
+           "t9": _scaled_graph(tmp_path / "t9.onnx", ["c_b", "c_a", "c_c"])}  # names swapped, no deduplication
+    common = {"x": (-1.0, 1.0), "m": (-2.0, 2.0), "d": (-0.5, 0.5), "m2": (-2.0, 2.0), "y": (-2.5, 2.5)}
+    own = {"t5": common | {"c_a": (0.0, 2.0), "c_b": (0.0, 4.0)},
+           "t9": common | {"c_b": (0.0, 2.5), "c_a": (0.0, 4.0), "c_c": (0.0, 2.0), "y": (-3.0, 2.5)}}
+    merged = merged_ranges(pre, own, ["t5", "t9"])
+    assert merged["t5"] == common | {"c_a": (0.0, 2.5), "c_b": (0.0, 4.0), "y": (-3.0, 2.5)}
+    assert merged["t9"] == common | {"c_b": (0.0, 2.5), "c_c": (0.0, 2.5), "c_a": (0.0, 4.0), "y": (-3.0, 2.5)}
 
 
 

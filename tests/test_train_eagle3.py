@@ -362,17 +362,17 @@ def test_two_ranks_train_what_one_rank_trains(peaky_llama, corpus, tmp_path):
 
 def test_a_gemma4_target_trains_and_drafts_exactly(tiny_gemma4, corpus, tmp_path):
     """A target with sliding-window layers, shared KV, per-layer inputs and soft-capped logits (tests/tiny.py): the
-    teacher pass and the trained folder work the same way. Its 6 layers make Speculators' default aux layers
-    (2, 3, 3) collide, which is refused with the fix; explicit ones train."""
+    teacher pass and the trained folder work the same way. Its 4 layers make Speculators' default aux layers
+    (2, 2, 1) collide, which is refused with the fix; explicit ones train."""
     loaded = checkpoints.load(str(tiny_gemma4[0]))
     cfg = Eagle3TrainConfig(batch_seqs=2, lr=1e-2, warmup=1)
     kwargs = dict(data=[str(corpus)], train_cfg=cfg, max_steps=3, draft_vocab=DRAFT_VOCAB, intermediate_size=64,
                   max_tokens=20 * 180)
-    with pytest.raises(ConfigError, match=r"default aux layers for 6 layers \(2, 3, 3\)") as err:
+    with pytest.raises(ConfigError, match=r"default aux layers for 4 layers \(2, 2, 1\)") as err:
         run_eagle3(loaded, tmp_path / "d", **kwargs)
     assert "--aux-layers" in err.value.fix
-    report = run_eagle3(loaded, tmp_path / "d", aux_layers=(1, 3, 6), **kwargs)
-    assert report["steps"] == 3 and report["drafter"]["aux_layers"] == [1, 3, 6]
+    report = run_eagle3(loaded, tmp_path / "d", aux_layers=(1, 2, 4), **kwargs)
+    assert report["steps"] == 3 and report["drafter"]["aux_layers"] == [1, 2, 4]
     engine = load(str(tiny_gemma4[0]), drafter=str(tmp_path / "d"), max_context=64, host_check=False)
     prompt = [5, 17, 42, 99, 7]
     assert (engine.generate(prompt, max_new_tokens=16, speculative=True, allow_inexact=True, lookup=False).tokens

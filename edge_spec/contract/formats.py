@@ -103,10 +103,10 @@ FORMATS = {
         precision_help="16a8w (16-bit activations, 8-bit weights, QDQ) or 8a8w",
         options=(Option(("--soc",), "soc", "the Snapdragon SoC the context binaries are compiled for (default sm8650, "
                         "Snapdragon 8 Gen 3 / Galaxy S24)", choices=("sm8350", "sm8450", "sm8550", "sm8650", "sm8750")),
-                 Option(("--qnn-graphs",), "graphs", "target graphs: every (default: decode, verify at k + 1 for k = "
-                        "1, 2, 4, prefill; each context binary holds a copy of the weights: ~6 copies) or two (decode "
-                        "+ verify at max draft length + 1 rows, and the prefill chunk: 2 copies)",
-                        choices=("every", "two")),
+                 Option(("--qnn-graphs",), "graphs", "target graphs: two (default: decode + verify at max draft "
+                        "length + 1 rows, and the prefill chunk; each context binary holds a copy of the weights: 2 "
+                        "copies) or every (decode, verify at k + 1 for k = 1, 2, 4, prefill: ~6 copies)",
+                        choices=("two", "every")),
                  Option(_EP_RUN, "provider", "qnn (the HTP, the default; simulated on x86-64) | cpu (the QDQ graphs "
                         "on the CPU)", RUN, ("qnn", "cpu")))),
 }
