@@ -35,6 +35,9 @@ inputs, places new rows into their slots by data movement and attends over the s
      each distinct tensor once. (The context binaries still hold one copy each: QNN's weight sharing across them,
      `ep.share_ep_contexts` at compile, wrote one shared .bin, but loading any graph from it segfaulted on the
      x86-64 simulator, with or without the option at load; docs/android-qnn.md.)
+  8. `--qnn-position0 table` (the phone bundle, exporters/qnn_position0.py): the sink's rows for the chat template's
+     first token and BOS precomputed into `qnn/position0.bin`; the sink, the QDQ graphs and `weights.data` are then
+     left out (the CPU provider cannot run such a bundle; the HTP reads only the context binaries).
 Masked attention entries are fed as MASK_FLOOR (edge_spec.runtimes.qnn_htp), not -1e30: the mask input has a calibrated range.
 Measured on the simulated HTP (docs/android-qnn.md): the bundles run fully on it, and verify rows are bit-identical to
 decode steps (masked values zeroed before P.V: `model.masked_values`; new rows in their cache's encoding:
@@ -63,6 +66,7 @@ from edge_spec.model.forms import PLACED
 from edge_spec.model.ops import TableRopeOps
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.exporters import static
+from edge_spec.exporters import qnn_position0
 from edge_spec.exporters.qnn_calibration import calibrate, merged_ranges, moved_from, tensor_ranges, with_headroom
 from edge_spec.runtimes.fixed import keep_name, pass_lengths, slot_index_name
 from edge_spec.logs import quiet
@@ -292,15 +296,20 @@ def share_weights(models: list[Path], data: Path) -> tuple[int, int]:
 
 # ---- the bundle -------------------------------------------------------------------------------------------
 def export_steps(with_drafter: bool, max_draft_len: int | None = None, max_pass: int | None = None,
-                 graphs: str = "two", **_) -> int:
+                 graphs: str = "two", position0: str = "graph", **_) -> int:
     """How many times `export_bundle` calls `progress` for these lengths and --qnn-graphs (None: the defaults; for a
     progress bar)."""
     k = max_draft_len or DEFAULT_MAX_DRAFT_LEN
     n = len(target_lengths(graphs, k, max_pass or max(kv.DEFAULT_MAX_PASS, k + 1))) + with_drafter
-    return COMMON_STEPS + n + 1 + 2 * n + 1 + 1
+    return COMMON_STEPS + n + 1 + 2 * n + 1 + 1 + (position0 == "table")
 
 
 GRAPHS = ("two", "every")  # --qnn-graphs: which fixed pass lengths get a target graph (`target_lengths`)
+# --qnn-position0: how a pass from position 0 gets its first row on the host. "graph": the sink graph (any first
+# token; with the QDQ graphs, whose weights it shares in qnn/weights.data, so --provider cpu runs too); "table": rows
+# precomputed for the chat template's first token and BOS (exporters/qnn_position0.py), no sink, QDQ graphs or
+# weights.data: the phone bundle, one copy of the weights per context binary
+POSITION0 = ("graph", "table")
 
 
 def target_lengths(graphs: str, max_draft_len: int, max_pass: int) -> tuple[int, ...]:
@@ -319,7 +328,8 @@ def target_lengths(graphs: str, max_draft_len: int, max_pass: int) -> tuple[int,
     return tuple(sorted({max_draft_len + 1, max_pass}))
 
 
-def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True, graphs: str = "two") -> bundle.Writer:
+def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True, graphs: str = "two",
+           position0: str = "graph") -> bundle.Writer:
     """The qnn format's `write` for `soc` (edge_spec.contract.bundle.export_bundle); fails before any work when the
     SoC is unknown, `graphs` unknown or the QNN EP missing. `max_pass` (default 64, or max_draft_len + 1): the
     prefill chunk, the longest fixed pass length; `graphs`: `target_lengths`. `host_sink` (default): position 0 runs
@@ -327,10 +337,14 @@ def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True, graphs: st
     passes after it; False quantizes position 0 with the rest (measurements)."""
     chip = qnn_htp.get_soc(soc)
     target_lengths(graphs, 1, 1)  # refuses an unknown choice before any work
+    if position0 not in POSITION0:
+        raise ConfigError(f"unknown --qnn-position0 {position0!r}", f"use one of {', '.join(POSITION0)}")
+    if position0 == "table" and not host_sink:
+        raise ConfigError("--qnn-position0 table is computed by the host sink", "export with the host sink")
     qnn_htp.import_qnn()
 
     def write(job: bundle.ExportJob):
-        return _write(job, chip, host_sink, graphs)
+        return _write(job, chip, host_sink, graphs, position0)
 
     return write
 
@@ -338,7 +352,8 @@ def writer(*, soc: str = qnn_htp.DEFAULT_SOC, host_sink: bool = True, graphs: st
 export_bundle = bundle.entry("qnn")  # export_bundle(target, out, *, drafter, precision, ..., soc, host_sink)
 
 
-def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str) -> tuple[dict, dict]:
+def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str, position0: str
+           ) -> tuple[dict, dict]:
     cfg, layout, step = job.target.config, job.layout, job.step
     if layout.max_pass is None:
         raise ConfigError("a QNN bundle needs fixed pass lengths", "pass --max-pass")
@@ -402,6 +417,17 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
     chip = {"soc": soc.name, "soc_model": soc.soc_model, "htp_arch": soc.htp_arch, "quant": job.precision,
             "mask_floor": qnn_htp.MASK_FLOOR, "sdk": qnn_htp.versions(), "target_inputs": placed_in,
             "host_sink": qnn_htp.sink_file() if host_sink else None}
+    if position0 == "table":  # the phone bundle: position 0's rows instead of the sink, the QDQ graphs and their weights
+        tokens = qnn_position0.first_tokens(job.target)
+        step(f"precomputing position 0 for first tokens {tokens}")
+        qnn_position0.write_table(job.tmp / qnn_htp.sink_file(), job.layout, lengths[0], slots, tokens,
+                                  job.tmp / qnn_htp.position0_file())
+        for g in fp32:
+            (job.tmp / qdq_file(g)).unlink()
+        (job.tmp / qnn_htp.sink_file()).unlink()
+        (job.tmp / qnn_htp.weights_file()).unlink()
+        chip |= {"host_sink": None, "cpu_graphs": False,
+                 "position0": {"file": qnn_htp.position0_file(), "tokens": tokens}}
     fixed = {"lengths": {str(t): target_graph(t) for t in lengths}, "slots": slots, "qnn": chip}
     graphs = {"target": GraphEntry(QNN_DIR, job.precision, target_io, fixed=fixed)}
     if drafter_io is not None:

@@ -28,6 +28,7 @@ name -> graph name: Core ML features spell "." as "_", ONNX keeps the contract's
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -36,6 +37,7 @@ import numpy as np
 from edge_spec.contract import kv
 from edge_spec.contract.backend import DraftStep, StepOutput
 from edge_spec.errors import ConfigError
+from edge_spec.logs import NOTICES
 from edge_spec.contract.kv import KVLayout
 
 Predictor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -133,11 +135,15 @@ class FixedBackend:
 
     def __init__(self, functions: dict[int, Predictor], layout: KVLayout, slots: dict[str, int], identity: str, *,
                  name: str, feature: Callable[[str], str] = lambda n: n, mask_floor: float = kv.NEG_INF,
-                 fix: str = "re-export with --max-pass", placed: bool = False, sink: Predictor | None = None):
+                 fix: str = "re-export with --max-pass", placed: bool = False, sink: Predictor | None = None,
+                 sink_tokens: frozenset[int] | None = None):
         self.functions, self.layout, self.slots = functions, layout, slots
         # position 0 through its own length-1 graph (QNN: float activations on the host), the rest of a first pass
-        # through the quantized graphs with that row in its slot (`first_pass`)
-        self.sink = sink
+        # through the quantized graphs with that row in its slot (`first_pass`). `sink_tokens`: the first tokens the
+        # sink holds (a table of precomputed rows, runtimes/qnn.py); a pass from another runs through the graphs
+        self.sink, self.sink_tokens = sink, sink_tokens
+        self.first_token = min(sink_tokens) if sink_tokens else None  # what the host check starts its probe with
+        self._told = False  # the notice of a first token the sink does not hold: once
         self.placed = placed  # the graphs take slot masks + slot indices (`slot_feeds`), not concat masks
         self.state = layout.binding == kv.BINDING_STATE  # the graphs hold the caches (slot masks + write slots)
         self.lengths = sorted(functions)
@@ -208,7 +214,7 @@ class FixedBackend:
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray],
                 n_cached: int, last_only: bool) -> StepOutput:
         t = input_ids.shape[1]
-        if self.sink is not None and n_cached == 0:
+        if self.sink is not None and n_cached == 0 and self.sink_takes(int(input_ids[0, 0])):
             logits, hidden, new = self.first_pass(input_ids, position_ids, masks)
         else:
             logits, hidden, new = self.run(self.functions[self.length_for(t)], input_ids, position_ids, masks)
@@ -216,6 +222,19 @@ class FixedBackend:
             self._pending = new
         rows = slice(t - 1, t) if last_only else slice(0, t)
         return StepOutput(logits[rows].copy(), hidden[rows].copy())
+
+    def sink_takes(self, token: int) -> bool:
+        """Whether the sink holds position 0 for `token`; if not, the pass runs through the graphs, with a notice
+        (once per backend): position 0's row then goes through the quantized graphs, which were calibrated without it."""
+        if self.sink_tokens is None or token in self.sink_tokens:
+            return True
+        if not self._told:
+            self._told = True
+            logging.getLogger(NOTICES).warning(
+                f"notice: this bundle precomputes position 0 only for first tokens {sorted(self.sink_tokens)}; this "
+                f"prompt starts with {token}, so its first row runs through the quantized graphs (answers may degrade; "
+                "use --chat, or a bundle exported with --qnn-position0 graph)")
+        return False
 
     def first_pass(self, input_ids: np.ndarray, position_ids: np.ndarray, masks: dict[str, np.ndarray]):
         """A pass from position 0 over an empty cache: row 0 through `sink`, then (t > 1) rows 1.. through the

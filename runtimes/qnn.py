@@ -11,7 +11,10 @@ Providers (`--provider`):
 Either way, a pass from position 0 runs that one row through `qnn/target_sink.onnx` on the CPU provider (the
 shortest target graph with float activations and the same 8-bit weights, exporters/qnn.float_twin; the row is padded
 like any pass) and the rest of the pass on the
-provider: the first token's massive activation never enters a quantized graph.
+provider: the first token's massive activation never enters a quantized graph. A bundle exported with
+`--qnn-position0 table` (for a phone: no QDQ graphs, no sink, no second copy of the weights) instead reads that row
+from `qnn/position0.bin`, precomputed by the same sink for the chat template's first token and BOS (`table_sink`);
+a prompt starting with another token runs its first row through the quantized graphs, with a notice.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 from edge_spec.runtimes import qnn_htp
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
+from edge_spec.contract import kv
 from edge_spec.contract.kv import KVLayout
 
 PROVIDERS = ("qnn", "cpu")
@@ -65,6 +69,35 @@ def open_session(path: Path, provider: str, soc: qnn_htp.Soc, threads: int | Non
     return session
 
 
+def table_sink(folder: Path, entry: dict, layout: KVLayout, vocab_size: int, hidden_size: int
+               ) -> tuple[Predictor, frozenset[int]]:
+    """Position 0 from `qnn/position0.bin` (`qnn_htp.position0_file`: rows precomputed at export for a few first
+    tokens): a predictor returning what the host sink would for a pass of one of those tokens at position 0, and the
+    tokens it holds. Its outputs hold row 0 only (the runtime reads no other row of a first pass's sink call)."""
+    tokens = [int(t) for t in entry["tokens"]]
+    path = folder / entry["file"]
+    if not path.is_file():
+        raise BundleError(f"{path} is missing from the bundle", _FIX)
+    per = qnn_htp.position0_floats(layout, vocab_size, hidden_size)
+    data = np.fromfile(path, dtype="<f4")
+    if data.size != per * len(tokens):
+        raise BundleError(f"{path} holds {data.size} floats; {len(tokens)} tokens of this bundle's shapes need "
+                          f"{per * len(tokens)}", _FIX)
+    rows = data.reshape(len(tokens), per)
+    index = {t: i for i, t in enumerate(tokens)}
+    names = [kv.LOGITS, kv.HIDDEN] + [name(c.layer) for c in layout.caches for name in (kv.k_new_name, kv.v_new_name)]
+    sizes = [vocab_size, hidden_size] + [c.num_kv_heads * c.head_dim for c in layout.caches for _ in range(2)]
+    shapes = [(1, 1, vocab_size), (1, 1, hidden_size)] + \
+        [(1, c.num_kv_heads, 1, c.head_dim) for c in layout.caches for _ in range(2)]
+    offsets = np.cumsum([0] + sizes)
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        row = rows[index[int(feeds[kv.INPUT_IDS][0, 0])]]
+        return {n: row[a:b].reshape(shape) for n, a, b, shape in zip(names, offsets, offsets[1:], shapes)}
+
+    return run, frozenset(tokens)
+
+
 def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, provider: str | None = None,
                 spin: bool = True) -> tuple[FixedBackend, FixedDrafter | None]:
     """The runtime half of the qnn format (edge_spec.contract.formats). `spin`: not QNN's (ignored)."""
@@ -77,18 +110,25 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     if not entry.fixed or "lengths" not in entry.fixed or not info:
         raise BundleError(f"{folder}: the qnn target entry lists no fixed pass lengths or SoC", _FIX)
     soc = qnn_htp.get_soc(info["soc"])
+    if provider == "cpu" and not info.get("cpu_graphs", True):
+        raise ConfigError(f"{folder} was exported for a phone (--qnn-position0 table): it holds no QDQ graphs for the "
+                          "CPU provider", "run it with --provider qnn, or re-export with --qnn-position0 graph")
     lengths, slots = fixed_shapes(entry, layout, "QNN bundle")
     file = qnn_htp.ctx_file if provider == "qnn" else qnn_htp.qdq_file
     sessions = {t: open_session(folder / file(name), provider, soc, threads) for t, name in lengths.items()}
     where = f"HTP {soc.name} (v{soc.htp_arch}), {qnn_htp.versions()}" if provider == "qnn" else "CPU provider"
     import onnxruntime as ort
 
-    sink = info.get("host_sink")  # position 0 on the host CPU, float activations (bundles since 2026-12-02)
-    identity = f"qnn {info['quant']} QDQ on {where}{', position 0 on the CPU' if sink else ''}, onnxruntime " \
-        f"{ort.__version__}, threads {threads or 'default'}"
+    sink, tokens, how = None, None, ""
+    if info.get("host_sink"):  # position 0 on the host CPU, float activations (bundles since 2026-12-02)
+        sink, how = _predictor(open_session(folder / info["host_sink"], "cpu", soc, threads)), ", position 0 on the CPU"
+    elif info.get("position0"):  # position 0 precomputed for some first tokens (--qnn-position0 table)
+        sink, tokens = table_sink(folder, info["position0"], layout, manifest.vocab_size, manifest.hidden_size)
+        how = f", position 0 precomputed for tokens {sorted(tokens)}"
+    identity = f"qnn {info['quant']} QDQ on {where}{how}, onnxruntime {ort.__version__}, threads {threads or 'default'}"
     backend = FixedBackend({t: _predictor(s) for t, s in sessions.items()}, layout, slots, identity, name="qnn",
                            mask_floor=float(info["mask_floor"]), fix="re-export with --max-pass", placed=True,
-                           sink=_predictor(open_session(folder / sink, "cpu", soc, threads)) if sink else None)
+                           sink=sink, sink_tokens=tokens)
     if manifest.drafter is None:
         return backend, None
     method = manifest.graphs["drafter"].method

@@ -67,6 +67,19 @@ def weights_file() -> str:  # the QDQ graphs' and the sink's initializers, each 
     return f"{QNN_DIR}/weights.data"
 
 
+def position0_file() -> str:
+    """Position 0's rows precomputed for a few first tokens (`--qnn-position0 table`): per token of the manifest's
+    `fixed.qnn.position0.tokens`, in that order, float32 little-endian: logits [V], hidden [H], then per cache of the
+    layout (its order) the new key row [H_kv, D] and value row [H_kv, D] - what the host sink would return for a pass
+    of that one token at position 0 (`position0_floats`). The C++ runner reads the same layout (qnn_backend.cpp)."""
+    return f"{QNN_DIR}/position0.bin"
+
+
+def position0_floats(layout, vocab_size: int, hidden_size: int) -> int:
+    """Floats per token of `position0_file`."""
+    return vocab_size + hidden_size + sum(2 * c.num_kv_heads * c.head_dim for c in layout.caches)
+
+
 def get_soc(name: str) -> Soc:
     if name not in SOCS:
         raise ConfigError(f"unknown Snapdragon SoC {name!r}",

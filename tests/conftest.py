@@ -74,6 +74,19 @@ def tiny_bundles(tiny_llama, tiny_gemma4, tiny_qwen3, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qnn_phone(tiny_bundles, tmp_path_factory):
+    """The tiny llama QNN pair exported for a phone (`--qnn-position0 table`: position 0 precomputed, no host graph,
+    QDQ graphs or weights.data) beside the factory's default bundle of the same pair: (phone folder, default folder).
+    Used by tests/test_qnn.py and tests/test_native_qnn.py (one xdist group)."""
+    from edge_spec.exporters.qnn import export_bundle
+
+    folder, target, drafter = tiny_bundles.get("qnn", "llama")
+    out = export_bundle(target, tmp_path_factory.mktemp("qnn-phone") / "bundle", drafter=drafter, precision="16a8w",
+                        max_context=64, max_draft_len=4, max_pass=9, position0="table")
+    return out, folder
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_pte_pair(tiny_bundles):
     """Tiny llama + a clustered drafter scoring with the target's (tied) table, as one .pte (the Python runtime's,
     the native runner's and the apps' tests)."""

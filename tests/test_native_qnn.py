@@ -3,8 +3,9 @@
 The runner is built as tests/test_native.py builds it (its `native` fixture: CMake into build/native); the qnn backend
 is compiled with the onnx one, so every test here skips saying why when CMake found no onnxruntime. The bundles are
 the session's tiny 16a8w qnn bundles (tests/contract.py: llama, context 64; Gemma-4 with 14-slot sliding rings,
-context 48; target graphs of 1, 2, 3, 5 and 9 tokens, the host's float graph of position 0, the drafter step with its
-own tables). Every comparison is token for token with the Python runtime on the same bundle and provider:
+context 48; the default two target graphs, of 5 tokens (decode steps and verify passes, padded) and 9 (the prefill
+chunk), the host's float graph of position 0, the drafter step with its own tables), and the llama pair exported for
+a phone (position 0 from a precomputed table). Every comparison is token for token with the Python runtime on the same bundle and provider:
   * provider cpu (the QDQ graphs on onnxruntime's CPU provider): greedy plain, speculative k = 1, 4 and 3 (verify
     passes of 2, 5 and 4 rows, the last padded to the graph of 5; the prompt's first pass: row 0 through the sink, 8
     rows padded to 9), drafts made wrong (rejected rows never committed), seeded rejection sampling, the host check's
@@ -192,6 +193,26 @@ def test_bench_runs_the_runner_on_the_provider_it_is_given(qnn_native, llama, tm
 
 
 # ---- refusals ----------------------------------------------------------------------------------------------
+def test_a_phone_bundle_reads_position_0_from_its_table(qnn_native, tiny_qnn_phone):
+    """--qnn-position0 table (no host graph, QDQ graphs or weights.data): on the simulated HTP the runner's plain and
+    speculative k = 2 tokens == the Python runtime's for a prompt starting with a table token, its identity says so,
+    its host check passes; a prompt starting otherwise runs with the notice on stderr; --provider cpu is refused."""
+    phone, _ = tiny_qnn_phone
+    ids = [1] + prompt_ids(8, seed=2)
+    expected = python_plain(phone, "qnn", ids, n=12)
+    flags = ["--fixed-k", "--ignore-eos", "--max-new-tokens", "12"]
+    plain = runq(qnn_native, phone, ids, "qnn", "--no-spec", *flags)
+    assert plain["tokens"] == expected and plain["host_check"] == "exact-one-row"
+    assert runq(qnn_native, phone, ids, "qnn", "--spec-k", "2", *flags)["tokens"] == expected
+    other = run(qnn_native, phone, [17, 42, 99], "--provider", "qnn", "--max-new-tokens", "3", check=False)
+    assert other.returncode == 0 and "precomputes position 0 only for first tokens [1, 3]" in other.stderr
+    check = subprocess.run([str(qnn_native / "edge-spec-run"), "--bundle", str(phone), "--threads", "2", "--check"],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert check.returncode == 0 and "position 0 precomputed for tokens [1, 3]" in json.loads(check.stdout)["runtime"]
+    err = _refusal(qnn_native, phone, "--provider", "cpu")
+    assert "was exported for a phone (--qnn-position0 table)" in err and "--provider qnn" in err
+
+
 def _refusal(native, folder, *flags):  # noqa: F811
     done = run(native, folder, [5, 6, 7], "--max-new-tokens", "2", *flags, check=False)
     assert done.returncode == 2 and done.stdout == "", done.stderr

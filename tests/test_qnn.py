@@ -151,6 +151,44 @@ def test_every_length_gets_its_graph_and_stays_exact(llama, tmp_path):
             assert spec.tokens == plain.tokens, (provider, k)
 
 
+def test_a_phone_bundle_precomputes_position_0_and_keeps_no_second_copy(tiny_qnn_phone, caplog):
+    """--qnn-position0 table: position 0's rows for the chat template's first token and BOS in qnn/position0.bin, and
+    no host graph, QDQ graphs or weights.data - only the context binaries' weights. On the simulated HTP a first pass
+    gives the default bundle's bits (its host graph computed the table), the host check (probing from a table token)
+    is exact and greedy speculative == plain; a prompt starting with another token runs, with a notice; the CPU
+    provider is refused with the fix."""
+    phone, default = tiny_qnn_phone
+    m = read_manifest(phone)
+    info = m.graphs["target"].fixed["qnn"]
+    assert info["position0"] == {"file": qnn_htp.position0_file(), "tokens": [1, 3]}  # <|im_start|>, <bos>
+    assert info["host_sink"] is None and info["cpu_graphs"] is False
+    assert sorted(p.name for p in (phone / qnn_htp.QNN_DIR).iterdir()) == \
+        ["drafter.ctx.onnx", "position0.bin", "target_5.ctx.onnx", "target_9.ctx.onnx"]
+    per = qnn_htp.position0_floats(m.layout, m.vocab_size, m.hidden_size)
+    assert (phone / qnn_htp.position0_file()).stat().st_size == 2 * per * 4
+    ctx = sum((phone / qnn_htp.ctx_file(g)).stat().st_size for g in graph_files(phone))
+    total = sum(p.stat().st_size for p in phone.rglob("*") if p.is_file())
+    assert total < ctx + 2 * per * 4 + 64 * 1024, (total, ctx)  # + tokenizer, manifest, datastore
+    ours, theirs = (load_bundle(f, threads=2, host_check=False) for f in (phone, default))
+    for first in (1, 3):
+        ids = [first, 17, 42, 99, 7, 5, 250]
+        for engine in (ours, theirs):
+            engine.session.reset()
+        assert np.array_equal(ours.session.forward(ids).logits, theirs.session.forward(ids).logits), first
+    check = ours.check_host(cache=False)
+    assert check.exact, check.report()
+    ids = [1, 17, 42, 99, 7, 5, 250, 8, 9]
+    plain = ours.generate(ids, max_new_tokens=16, speculative=False)
+    for k in (1, 4):
+        assert ours.generate(ids, max_new_tokens=16, spec_k=k, lookup=False, adaptive=False).tokens == plain.tokens
+    with caplog.at_level("WARNING", logger="edge_spec"):
+        other = ours.generate([17, 42, 99], max_new_tokens=4, speculative=False)
+    assert len(other.tokens) == 4 and "precomputes position 0 only for first tokens [1, 3]" in caplog.text
+    with pytest.raises(ConfigError, match="exported for a phone") as err:
+        load_bundle(phone, provider="cpu")
+    assert "--provider qnn" in err.value.fix
+
+
 def test_every_node_runs_on_the_htp(pair):
     """Both the QDQ graphs (compiled at load) and the context binaries open with CPU fallback disabled, and
     onnxruntime's assignment record puts every node on the QNN EP."""

@@ -107,6 +107,11 @@ FORMATS = {
                         "length + 1 rows, and the prefill chunk; each context binary holds a copy of the weights: 2 "
                         "copies) or every (decode, verify at k + 1 for k = 1, 2, 4, prefill: ~6 copies)",
                         choices=("two", "every")),
+                 Option(("--qnn-position0",), "position0", "how a pass from position 0 gets its first row: graph "
+                        "(default: the host's float graph, any first token; the QDQ graphs and their weights come "
+                        "too, for --provider cpu) or table (for a phone: rows precomputed for the chat template's "
+                        "first token and BOS; no host graph, QDQ graphs or second copy of the weights)",
+                        choices=("graph", "table")),
                  Option(_EP_RUN, "provider", "qnn (the HTP, the default; simulated on x86-64) | cpu (the QDQ graphs "
                         "on the CPU)", RUN, ("qnn", "cpu")))),
 }

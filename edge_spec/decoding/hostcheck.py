@@ -190,6 +190,8 @@ def probe(session: Session, vocab_size: int, *, artifact: str, runtime: str, max
     windows = probe_windows(layout, max_t, getattr(session.backend, "bucket_size", None))
     rng = np.random.default_rng(seed)
     tokens = [int(i) for i in rng.integers(0, vocab_size, windows[-1][0] + windows[-1][1])]
+    if (first := getattr(session.backend, "first_token", None)) is not None:  # a backend whose position 0 holds
+        tokens[0] = int(first)  # only some first tokens (a QNN table): probe as a prompt would start
     keep = session.min_rows
     try:
         one = _run_mode(session, tokens, windows, 1)

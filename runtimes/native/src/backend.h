@@ -27,6 +27,9 @@ class Backend {
   virtual std::string identity() const = 0;
   // The host check probes passes across the edges of the slots attended (multiples of this); 0: none.
   virtual int bucket_size() const { return 0; }
+  // A first token the host check's probe starts with (a backend whose position 0 holds only some: a QNN bundle's
+  // precomputed table), or -1: any.
+  virtual int64_t first_token() const { return -1; }
   // ids, positions: [T]; masks: kind -> [T, S_kind + T]. n_cached: committed positions (slots >= it are empty).
   virtual StepOutput forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
                              const Masks& masks, int64_t n_cached, bool last_only) = 0;

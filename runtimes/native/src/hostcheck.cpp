@@ -194,6 +194,7 @@ HostCheck probe(Session& session, int vocab_size, int max_t, uint64_t seed) {
   PortableRng rng(seed);
   std::vector<int64_t> tokens(size_t(check.windows.back().first + check.windows.back().second));
   for (auto& t : tokens) t = int64_t(rng.next_u64() % uint64_t(vocab_size));
+  if (session.backend.first_token() >= 0) tokens[0] = session.backend.first_token();  // probe as a prompt starts
   const int keep = session.min_rows;
   auto one = run_mode(session, tokens, check.windows, 1);
   auto two = run_mode(session, tokens, check.windows, 2);

@@ -7,8 +7,10 @@
 #include "qnn_backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 
 #include "contract_names.h"
@@ -41,9 +43,10 @@ struct Rows {
 class QnnBackend : public Backend {
  public:
   QnnBackend(std::shared_ptr<Ort::Env> env, std::map<int, Graph> graphs, std::unique_ptr<Graph> sink,
-             const Manifest& m, FixedShapes fixed, std::string identity)
+             const Manifest& m, FixedShapes fixed, std::string identity, std::map<int64_t, Rows> table)
       : shapes(std::move(fixed)), env_(std::move(env)), graphs_(std::move(graphs)), sink_(std::move(sink)),
-        layout_(m.layout), vocab_(m.vocab_size), hidden_(m.hidden_size), identity_(std::move(identity)) {
+        table_(std::move(table)), layout_(m.layout), vocab_(m.vocab_size), hidden_(m.hidden_size),
+        identity_(std::move(identity)) {
     for (const auto& c : layout_.caches) {
       const size_t n = size_t(c.num_kv_heads) * shapes.slots.at(c.kind) * c.head_dim;
       k.emplace_back(n, 0.0f);
@@ -56,11 +59,13 @@ class QnnBackend : public Backend {
   int hidden_size() const override { return hidden_; }
   std::string identity() const override { return identity_; }
   // no buckets: every pass binds all S_f slots (bucket_size 0, as FixedBackend has none)
+  int64_t first_token() const override { return table_.empty() ? -1 : table_.begin()->first; }
 
   StepOutput forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Masks& masks,
                      int64_t n_cached, bool last_only) override {
     const int t = int(ids.size());
-    pending_ = sink_ && n_cached == 0 ? first_pass(ids, positions, masks) : run(graph_for(t), ids, positions, masks);
+    pending_ = n_cached == 0 && sink_takes(ids[0]) ? first_pass(ids, positions, masks)
+                                                   : run(graph_for(t), ids, positions, masks);
     const int first = last_only ? t - 1 : 0;
     StepOutput out;
     out.rows = t - first;
@@ -93,6 +98,23 @@ class QnnBackend : public Backend {
   Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
 
  private:
+  // runtimes/fixed.py sink_takes: the sink (graph, or precomputed table) holds position 0 for `token`; a first token
+  // the table lacks runs through the graphs, with a notice on stderr (once).
+  bool sink_takes(int64_t token) {
+    if (sink_) return true;
+    if (table_.empty()) return false;
+    if (table_.count(token)) return true;
+    if (!told_) {
+      told_ = true;
+      std::string held;
+      for (const auto& e : table_) held += (held.empty() ? "" : ", ") + std::to_string(e.first);
+      std::fprintf(stderr, "notice: this bundle precomputes position 0 only for first tokens [%s]; this prompt starts "
+                   "with %lld, so its first row runs through the quantized graphs (answers may degrade; use --chat, or "
+                   "a bundle exported with --qnn-position0 graph)\n", held.c_str(), static_cast<long long>(token));
+    }
+    return false;
+  }
+
   Graph& graph_for(int t) {  // runtimes/fixed.py length_for: the smallest exported length >= t
     auto it = graphs_.lower_bound(t);
     if (it == graphs_.end())
@@ -185,7 +207,7 @@ class QnnBackend : public Backend {
         b.data.insert(b.data.end(), row + s + 1, row + s + t);
       }
     }
-    Rows head = run(*sink_, {ids[0]}, {positions[0]}, first);
+    Rows head = sink_ ? run(*sink_, {ids[0]}, {positions[0]}, first) : table_.at(ids[0]);
     if (t == 1) return head;
     slot0(&head);
     Rows more;
@@ -249,6 +271,8 @@ class QnnBackend : public Backend {
   std::shared_ptr<Ort::Env> env_;  // outlives the sessions (declared first: destroyed last)
   std::map<int, Graph> graphs_;    // pass length -> graph
   std::unique_ptr<Graph> sink_;
+  std::map<int64_t, Rows> table_;  // --qnn-position0 table: first token -> position 0's row
+  bool told_ = false;
   KVLayout layout_;
   int vocab_, hidden_;
   std::string identity_;
@@ -330,6 +354,43 @@ class QnnDrafter : public DrafterBackend {
   std::vector<float> out_logits_, out_hidden_;
 };
 
+// ---- position 0 precomputed (runtimes/qnn.py table_sink; the layout: runtimes/qnn_htp.py position0_file) ----------
+std::map<int64_t, Rows> read_position0(const std::string& folder, const FixedShapes& shapes, const Manifest& m) {
+  std::map<int64_t, Rows> table;
+  if (shapes.position0.empty()) return table;
+  const std::string path = join_path(folder, shapes.position0);
+  size_t per = size_t(m.vocab_size) + size_t(m.hidden_size);
+  for (const auto& c : m.layout.caches) per += 2 * size_t(c.num_kv_heads) * size_t(c.head_dim);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw bundle_error(path + " is missing from the bundle", FIX);
+  const size_t bytes = size_t(in.tellg()), want = per * shapes.position0_tokens.size() * sizeof(float);
+  if (bytes != want)
+    throw bundle_error(path + " holds " + std::to_string(bytes / sizeof(float)) + " floats; " +
+                           std::to_string(shapes.position0_tokens.size()) + " tokens of this bundle's shapes need " +
+                           std::to_string(want / sizeof(float)), FIX);
+  in.seekg(0);
+  std::vector<float> row(per);  // float32 little-endian (every platform the runner builds for)
+  for (int64_t token : shapes.position0_tokens) {
+    in.read(reinterpret_cast<char*>(row.data()), std::streamsize(per * sizeof(float)));
+    Rows r;  // one row: logits [V], hidden [H], per cache k [H_kv, 1, D], v [H_kv, 1, D]
+    r.t = 1;
+    const float* p = row.data();
+    r.logits.assign(p, p + m.vocab_size);
+    p += m.vocab_size;
+    r.hidden.assign(p, p + m.hidden_size);
+    p += m.hidden_size;
+    for (const auto& c : m.layout.caches) {
+      const size_t n = size_t(c.num_kv_heads) * size_t(c.head_dim);
+      r.k.emplace_back(p, p + n);
+      p += n;
+      r.v.emplace_back(p, p + n);
+      p += n;
+    }
+    table[token] = std::move(r);
+  }
+  return table;
+}
+
 // ---- opening the graphs (runtimes/qnn.py open_bundle) --------------------------------------------------------------
 std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_graphs(const std::string& folder,
                                                                                  const Manifest& m, int threads,
@@ -337,6 +398,9 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_graphs
   qnn::Opener o;
   o.provider = qnn::provider_of(options.provider);
   FixedShapes shapes = qnn::fixed_shapes(folder, m);
+  if (o.provider == "cpu" && !shapes.cpu_graphs)
+    throw config_error(folder + " was exported for a phone (--qnn-position0 table): it holds no QDQ graphs for the CPU "
+                       "provider", "run it with --provider qnn, or re-export with --qnn-position0 graph");
   o.env = std::make_shared<Ort::Env>(ORT_LOGGING_LEVEL_ERROR, "edge-spec");
   o.folder = folder;
   o.threads = threads;
@@ -361,10 +425,17 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_graphs
     qnn::check_io(*sink, qnn::target_inputs(m.layout, shapes, n0),
                   qnn::target_outputs(m.layout, n0, m.vocab_size, m.hidden_size));
   }
-  const std::string identity = "qnn " + shapes.quant + " QDQ on " + where +
-                               (sink ? ", position 0 on the CPU" : "") + ", onnxruntime " + ort::version() +
+  std::map<int64_t, Rows> table = read_position0(folder, shapes, m);
+  std::string how = sink ? ", position 0 on the CPU" : "";
+  if (!table.empty()) {
+    how = ", position 0 precomputed for tokens [";
+    for (const auto& e : table) how += (how.back() == '[' ? "" : ", ") + std::to_string(e.first);
+    how += "]";
+  }
+  const std::string identity = "qnn " + shapes.quant + " QDQ on " + where + how + ", onnxruntime " + ort::version() +
                                " (native), threads " + (threads ? std::to_string(threads) : std::string("default"));
-  auto backend = std::make_unique<QnnBackend>(o.env, std::move(graphs), std::move(sink), m, shapes, identity);
+  auto backend = std::make_unique<QnnBackend>(o.env, std::move(graphs), std::move(sink), m, shapes, identity,
+                                              std::move(table));
   std::unique_ptr<QnnDrafter> drafter;
   if (m.drafter) {
     const GraphEntry& d = m.graphs.at("drafter");

@@ -39,6 +39,11 @@ FixedShapes fixed_shapes(const std::string& folder, const Manifest& m) {
     f.quant = q.at("quant").as_string();
     f.mask_floor = float(q.at("mask_floor").as_number());
     if (!q.get("host_sink").is_null()) f.sink = q.at("host_sink").as_string();
+    if (q.get("position0").is_object()) {
+      f.position0 = q.at("position0").at("file").as_string();
+      for (const auto& t : q.at("position0").at("tokens").as_array()) f.position0_tokens.push_back(t.as_int());
+    }
+    if (q.has("cpu_graphs")) f.cpu_graphs = q.at("cpu_graphs").as_bool();
   } catch (const std::exception& err) {  // JsonError, or a length that is not a number
     throw bundle_error(where + ": graphs.target.fixed is malformed (" + err.what() + ")", FIX);
   }

@@ -30,6 +30,11 @@ struct FixedShapes {
   QnnSoc soc;
   std::string quant, sink;             // sink: the host's float graph of position 0, bundle-relative ("": none)
   float mask_floor = NEG_INF;
+  // --qnn-position0 table (runtimes/qnn_htp.py position0_file): position 0's rows precomputed for these first tokens
+  // in this bundle-relative file ("": none); a bundle without QDQ graphs (cpu_graphs false) runs on the HTP only
+  std::string position0;
+  std::vector<int64_t> position0_tokens;
+  bool cpu_graphs = true;
 };
 
 // Throws Error(Code::Bundle) naming the manifest when a field is missing or does not fit the layout.
