@@ -22,7 +22,8 @@ inputs, places new rows into their slots by data movement and attends over the s
      names some constants differently at each length), so every length quantizes every activation with the *same* scale: a
      verify row and a decode step then see the same quantized values (per-length calibration would give them
      different scales, and greedy speculative output would drift from plain);
-  4. `get_qnn_qdq_config` + `quantize` (16-bit activations / 8-bit weights by default; 8a8w as an option) ->
+  4. `get_qnn_qdq_config` + `quantize` (16-bit activations / 8-bit weights by default, the target's q / k / v
+     weights at 16 bits: `WIDE_WEIGHTS`; 8a8w as an option) ->
      `qnn/<graph>.qdq.onnx`: portable (any SoC, and the CPU provider's reference run);
   5. `ort.ModelCompiler` on the QNN EP for the SoC (CPU fallback disabled) -> `qnn/<graph>.ctx.onnx`: one
      EPContext node holding the context binary (what the phone loads without re-preparing the graph). The export
@@ -140,8 +141,15 @@ def linears_as_conv(path: Path) -> int:
 
 
 # ---- 4. QDQ ---------------------------------------------------------------------------------------------
+# At 16a8w the target's attention input projections keep 16-bit weights (per output channel, QNN's int16 Conv
+# weights): 8 bits there cost most of what the weights lose. SmolLM2's CPU QDQ graph (one 3-row target graph),
+# teacher-forced top-1 on held-out everyday answers (scripts/qnn_activation_ablation.py, 2026-12-06): every linear
+# 8-bit 0.930; the head 16-bit 0.930; q / k / v 16-bit 0.949; every linear 16-bit 0.953 (docs/android-qnn.md).
+WIDE_WEIGHTS = ("q_proj", "k_proj", "v_proj")
+
+
 def quantize(pre: Path, out: Path, own: dict[str, tuple[float, float]], scheme: str, ranges: dict | None,
-             tables: bool = False) -> None:
+             tables: bool = False, wide: tuple[str, ...] = ()) -> None:
     """`pre` -> QDQ `out` (onnxruntime's QNN config, per-channel Conv weights), given its `own` calibrated ranges
     (`qnn_calibration.tensor_ranges`, handed over as onnxruntime's calibration cache: it calibrates nothing itself) and
     the `ranges` merged across the target's graphs, which override them where QNN fixes no scale itself. `tables`
@@ -170,6 +178,9 @@ def quantize(pre: Path, out: Path, own: dict[str, tuple[float, float]], scheme: 
             fixed = config.extra_options.setdefault("TensorQuantOverrides", {})
             for name in gather_tables(pre) if tables else ():
                 fixed.setdefault(name, [{"quant_type": weight}])
+            if act == QuantType.QUInt16:  # 16a8w: `wide` linears' weights at 16 bits (WIDE_WEIGHTS: why)
+                for name in wide_weights(pre, wide):
+                    fixed.setdefault(name, [{"quant_type": QuantType.QInt16, "axis": 0}])
             for name, (lo, hi) in (ranges or {}).items():  # the merged ranges, where QNN fixes no scale itself
                 if name in fixed or (name in graph_inputs and not name.startswith(("mask", "k_cache", "v_cache"))):
                     continue
@@ -183,6 +194,15 @@ def quantize(pre: Path, out: Path, own: dict[str, tuple[float, float]], scheme: 
         finally:
             logging.disable(logging.NOTSET)
             cache.unlink(missing_ok=True)
+
+
+def wide_weights(path: Path, names: tuple[str, ...]) -> list[str]:
+    """The weight initializers of the 1x1 Convs (`linears_as_conv`) whose weight name has one of `names` as a path
+    part (e.g. "/model/layers.0/self_attn/q_proj/MatMul.conv.weight" for "q_proj")."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    return [n.input[1] for n in graph.node if n.op_type == "Conv" and n.input[1] in inits
+            and any(f"/{name}/" in n.input[1] for name in names)]
 
 
 @contextlib.contextmanager
@@ -402,7 +422,8 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
     for g in fp32:
         step(f"quantizing {g} ({job.precision})")
         ranges = with_headroom(merged[g], moved_from(pre[g], (kv.LOGITS, kv.HIDDEN))) if g in merged else None
-        quantize(pre[g], job.tmp / qdq_file(g), own[g], job.precision, ranges, tables=g == DRAFTER_GRAPH)
+        quantize(pre[g], job.tmp / qdq_file(g), own[g], job.precision, ranges, tables=g == DRAFTER_GRAPH,
+                 wide=WIDE_WEIGHTS if g in merged else ())
         step(f"compiling {g} for {soc.name} (HTP v{soc.htp_arch})")
         compile_context(job.tmp / qdq_file(g), job.tmp / ctx_file(g), soc)
     if host_sink:
@@ -416,7 +437,8 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
     work.rmdir()
     chip = {"soc": soc.name, "soc_model": soc.soc_model, "htp_arch": soc.htp_arch, "quant": job.precision,
             "mask_floor": qnn_htp.MASK_FLOOR, "sdk": qnn_htp.versions(), "target_inputs": placed_in,
-            "host_sink": qnn_htp.sink_file() if host_sink else None}
+            "host_sink": qnn_htp.sink_file() if host_sink else None,
+            "weights16": list(WIDE_WEIGHTS) if job.precision == "16a8w" else []}  # the recipe: linears at 16 bits
     if position0 == "table":  # the phone bundle: position 0's rows instead of the sink, the QDQ graphs and their weights
         tokens = qnn_position0.first_tokens(job.target)
         step(f"precomputing position 0 for first tokens {tokens}")

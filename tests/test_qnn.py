@@ -25,7 +25,7 @@ from edge_spec.api import load_bundle
 from edge_spec.contract.backend import Session
 from edge_spec.cli import main
 from edge_spec.errors import BundleError, ConfigError
-from edge_spec.exporters.qnn import export_bundle, with_headroom
+from edge_spec.exporters.qnn import WIDE_WEIGHTS, export_bundle, with_headroom
 from edge_spec.contract.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes.qnn import open_session
 from edge_spec.runtimes.torch import TorchBackend
@@ -65,6 +65,7 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
     assert fixed["lengths"] == {"5": "target_5", "9": "target_9"}  # --qnn-graphs two (default): 4 + 1 rows, prefill
     assert fixed["qnn"]["soc"] == "sm8650" and (fixed["qnn"]["soc_model"], fixed["qnn"]["htp_arch"]) == (57, 75)
     assert fixed["qnn"]["quant"] == "16a8w" and "QNN 2." in fixed["qnn"]["sdk"]
+    assert fixed["qnn"]["weights16"] == ["q_proj", "k_proj", "v_proj"]  # the recipe (exporters/qnn.WIDE_WEIGHTS)
     assert not m.tables and "embed_table" not in [t.name for t in m.graphs["drafter"].io.inputs]
     for graph in graph_files(llama[0]):
         ctx = onnx.load(str(llama[0] / qnn_htp.ctx_file(graph)))
@@ -86,6 +87,9 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
         for conv in convs:
             dq = producer[conv.input[1]]
             assert dq.op_type == "DequantizeLinear" and list(inits[dq.input[1]].dims) == [inits[dq.input[0]].dims[0]]
+            wide = graph != "drafter" and any(f"/{w}/" in conv.input[1] for w in ("q_proj", "k_proj", "v_proj"))
+            assert inits[dq.input[0]].data_type == (onnx.TensorProto.INT16 if wide else onnx.TensorProto.UINT8), \
+                conv.input[1]
         assert [i.name for i in qdq.graph.input][:2] == (["input_ids", "position_ids"] if graph != "drafter"
                                                          else ["input_ids", "hidden"])
     # position 0's graph for the host: the shortest graph (target_5, padded) with float activations, the same weights
@@ -101,8 +105,9 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
 def test_the_qdq_graphs_and_the_sink_store_their_weights_once(llama):
     """Every initializer of >= 1 KB of the QDQ graphs and the sink lives in qnn/weights.data, each distinct tensor
     once; the graphs load it by offset (the CPU-provider and host-sink tests run through them). One byte per weight:
-    the target's parameters with its input table at 16 bits (exporters/qnn.quantize: why), its tied table once more
-    (the head's 8-bit per-channel copy), the drafter's own parameters and its 8-bit copy of the table, nothing else."""
+    the target's parameters with its input table and its q / k / v projections at 16 bits (exporters/qnn.quantize and
+    WIDE_WEIGHTS: why), its tied table once more (the head's 8-bit per-channel copy), the drafter's own parameters and
+    its 8-bit copy of the table, nothing else."""
     from edge_spec.exporters.qnn import SHARED_MIN_BYTES
 
     files = [qnn_htp.qdq_file(g) for g in graph_files(llama[0])] + [qnn_htp.sink_file()]
@@ -121,8 +126,10 @@ def test_the_qdq_graphs_and_the_sink_store_their_weights_once(llama):
     assert 0 < data.stat().st_size < before / 2, (data.stat().st_size, before)
     _, target, drafter = llama
     cfg = target.config
+    wide = sum(p.numel() for n, p in target.model.named_parameters() if any(f"{w}." in n for w in WIDE_WEIGHTS))
+    assert wide > 0
     weights = sum(p.numel() for p in target.model.parameters()) + cfg.vocab_size * cfg.hidden_size * \
-        (2 + cfg.tie_word_embeddings) + sum(p.numel() for p in drafter.parameters())
+        (2 + cfg.tie_word_embeddings) + sum(p.numel() for p in drafter.parameters()) + wide
     alignment = 64 * 200  # SHARED_ALIGN per stored tensor, at most
     assert weights - 4096 < data.stat().st_size <= weights + alignment, (data.stat().st_size, weights)
 
