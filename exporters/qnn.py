@@ -143,8 +143,9 @@ def linears_as_conv(path: Path) -> int:
 # ---- 4. QDQ ---------------------------------------------------------------------------------------------
 # At 16a8w the target's attention input projections keep 16-bit weights (per output channel, QNN's int16 Conv
 # weights): 8 bits there cost most of what the weights lose. SmolLM2's CPU QDQ graph (one 3-row target graph),
-# teacher-forced top-1 on held-out everyday answers (scripts/qnn_activation_ablation.py, 2026-12-06): every linear
-# 8-bit 0.930; the head 16-bit 0.930; q / k / v 16-bit 0.949; every linear 16-bit 0.953 (docs/android-qnn.md).
+# teacher-forced top-1 on 12 held-out everyday answers (scripts/qnn_activation_ablation.py, 2026-12-06): every
+# linear 8-bit 0.938; q / k / v 16-bit 0.953; + down 0.935; + gate / up 0.945; every linear 16-bit 0.956
+# (docs/android-qnn.md).
 WIDE_WEIGHTS = ("q_proj", "k_proj", "v_proj")
 
 
