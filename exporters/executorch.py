@@ -16,6 +16,12 @@ Layout of the program (`Program`):
   * method `drafter(input_ids [1, 1], hidden [1, 1, H], position_ids [1, 1], mask.<kind> [1, 1, 1, S_kind]) ->
     (draft_token_ids, draft_logits, draft_hidden)`: reads its source layers' buffers in place (no cache of its own,
     no copy), and the target's embedding / tied output table inside the same program;
+  * with an EAGLE-3 drafter (edge_spec/model/eagle3.py) instead: the target method also returns kv.AUX_HIDDEN
+    [1, T, n * H]; method `drafter_fc(aux) -> fused [1, T, H]`; method `drafter(input_ids [1, T], hidden [1, T, H],
+    position_ids [1, T], draft_mask [1, 1, T, b + T]) -> (draft_token_ids, draft_logits, draft_hidden)` with the
+    drafter's own cache as buffers `draft_{k,v}_cache_{l}` [H_kv, S_draft, 1, D] (draft layout `state`: each row goes
+    into slot position - 1 before attention; kv.eagle3_drafter_io), T <= max_pass (the runtime chunks a burst's first
+    rows); its token embedding gathered from the target's table when it is the same one (8da4w: the head's codes);
   * constant methods with the facts a runner needs (vocab, EOS, max context, max pass, layout) - the manifest has
     them too.
 `MemoryPlanningPass(share_mutable_buffers=True)` gives each buffer one slot shared by every method, so the drafter
@@ -45,10 +51,11 @@ from edge_spec.contract import bundle
 from edge_spec.contract import kv
 from edge_spec.contract.bundle import COMMON_STEPS
 from edge_spec.model.drafter import Drafter
+from edge_spec.model.eagle3 import Eagle3Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.exporters.executorch_quant import output_table, quantize_8da4w, quantize_tables, quantized_embedding_ops
 from edge_spec.logs import IMPORT_NOISE, quiet
-from edge_spec.contract.manifest import GraphEntry
+from edge_spec.contract.manifest import EAGLE3_FC_GRAPH, GraphEntry
 from edge_spec.model.attention import attend_slots
 from edge_spec.model.forms import Slots, State
 from edge_spec.model.ops import PACKED_SPELLED_GELU, SPELLED_GELU, pack_modules
@@ -77,8 +84,8 @@ class Program(nn.Module):
     (measured, docs/architecture.md "ExecuTorch path"), so the host check turns speculative decoding off with it.
     Kept for that measurement."""
 
-    def __init__(self, target: Transformer, layout: kv.KVLayout, drafter: Drafter | None = None,
-                 sources: dict[str, int] | None = None, attention: str = "slots"):
+    def __init__(self, target: Transformer, layout: kv.KVLayout, drafter: Drafter | Eagle3Drafter | None = None,
+                 sources: dict[str, int] | None = None, attention: str = "slots", aux_layers: tuple[int, ...] = ()):
         super().__init__()
         if attention not in ATTENTION_FORMS:
             raise ConfigError(f"unknown attention form {attention!r}", f"choose one of {', '.join(ATTENTION_FORMS)}")
@@ -90,7 +97,15 @@ class Program(nn.Module):
         self.kinds = layout.kinds()
         self.ring = layout.slots(kv.SLIDING) if kv.SLIDING in self.kinds else None  # rings: position % slots
         self.sources = kv.source_caches(layout, sources or {})
-        if drafter is not None and drafter.cfg.head_from == "target":  # the drafter scores with the target's table:
+        self.aux_layers = tuple(aux_layers)  # an EAGLE-3 drafter's: the target method also returns kv.AUX_HIDDEN
+        if isinstance(drafter, Eagle3Drafter):  # its own cache as buffers of the program (the `state` binding)
+            self.draft = bundle.eagle3_layout(drafter.cfg, layout.max_context, layout)
+            self.shared_table = shares_table(drafter, target)
+            for c in self.draft.caches:
+                for name in ("k", "v"):
+                    self.register_buffer(draft_buffer(name, c.layer),
+                                         torch.zeros(c.num_kv_heads, c.slots, 1, c.head_dim), persistent=False)
+        elif drafter is not None and drafter.cfg.head_from == "target":  # the drafter scores with the target's table:
             self.head_table = target.lm_head.weight  # 8da4w: its QuantizedTable (`_quantized_copy`)
         for c in layout.caches:
             shape = (c.num_kv_heads, c.slots, 1, c.head_dim) if attention == "slots" else \
@@ -146,8 +161,9 @@ class Program(nn.Module):
             return out.reshape(1, t, -1)  # [1, T, H * D]
 
         out = self.target(input_ids, position_ids, dict(zip(self.kinds, masks)), [], [],
-                          form=State(attend, Slots(self.ring)), ops=self.ops, rows=logit_rows)
-        return out.logits, out.hidden
+                          form=State(attend, Slots(self.ring)), ops=self.ops, rows=logit_rows,
+                          aux_layers=self.aux_layers)
+        return (out.logits, out.hidden, out.aux) if self.aux_layers else (out.logits, out.hidden)
 
     def drafter_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                      *masks: torch.Tensor):
@@ -157,6 +173,47 @@ class Program(nn.Module):
         head = self.head_table if self.drafter.cfg.head_from == "target" else None
         out = self.drafter(embed, hidden, position_ids, dict(zip(kinds, masks)), kv_in, head, ops=SPELLED_GELU)
         return out.token_ids, out.logits, out.hidden
+
+    def eagle3_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                    mask: torch.Tensor):
+        """An EAGLE-3 drafter's T rows (kv.eagle3_drafter_io, `state` binding): ids, positions [1, T], hidden
+        [1, T, H], mask [1, 1, T, b + T] -> (candidate ids [Vd], the last row's logits [Vd], its hidden [1, 1, H]).
+        Each row's K/V goes into its slot, position - 1, of the drafter's own buffers before attention reads their
+        first b slots (the mask hides the new rows there: it shows them in its last T columns)."""
+        t = input_ids.shape[1]
+        b = mask.shape[-1] - t
+        slots = (position_ids[0] - 1).view(1, t)  # [1, T]
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor):  # k, v: [1, H_kv, T, D] -> caches [1, H_kv, b, D]
+            c = self.draft.caches[i]
+            views = []
+            for name, rows in (("k", k), ("v", v)):
+                buffer = getattr(self, draft_buffer(name, c.layer))  # [H_kv, S, 1, D]
+                torch.ops.llama.update_cache_with_indices(rows[0].unsqueeze(2), buffer, 0,
+                                                          slots.expand(c.num_kv_heads, t))
+                views.append(buffer.view(1, c.num_kv_heads, c.slots, c.head_dim)[:, :, :b])
+            return tuple(views)
+
+        embeds = self.target.model.embed_tokens(input_ids) if self.shared_table else None  # [1, T, H] (or codes)
+        n = len(self.draft.caches)
+        out = self.drafter(hidden, input_ids, position_ids, mask, [None] * n, [None] * n, embeds, store=store)
+        ids = self.drafter.target_ids(torch.arange(self.drafter.cfg.draft_vocab_size))  # [Vd]
+        return ids, out.logits[0, -1], out.hidden[:, -1:]
+
+    def eagle3_fc(self, aux: torch.Tensor):
+        """aux [1, T, n * H] -> fused [1, T, H] (kv.eagle3_fc_io)."""
+        return self.drafter.fuse(aux)
+
+
+def draft_buffer(kind: str, layer: int) -> str:
+    """Name of an EAGLE-3 drafter layer's own K or V buffer, [H_kv, S_draft, 1, D]."""
+    return f"draft_{kind}_cache_{layer}"
+
+
+def shares_table(drafter: Eagle3Drafter, target: Transformer) -> bool:
+    """Whether the drafter's token table is the target's input embedding (then its method gathers the target's)."""
+    mine, theirs = drafter.embed_tokens.weight.detach(), target.model.embed_tokens.weight.detach()
+    return mine.shape == theirs.shape and torch.equal(mine.float(), theirs.float())
 
 
 @contextlib.contextmanager
@@ -218,6 +275,18 @@ def export_drafter_method(program: Program):
     return _export(program, program.drafter_step, (ids, hidden, pos, *masks), dynamic, "drafter")
 
 
+def export_eagle3_methods(program: Program) -> dict:
+    """The EAGLE-3 drafter's step (T <= max_pass rows, any attended slots) and fc methods."""
+    h, t = program.target.cfg.hidden_size, 3
+    ids, pos = torch.zeros(1, t, dtype=torch.long), torch.arange(6, 6 + t)[None]
+    t_dim = torch.export.Dim(kv.T_DIM, min=1, max=program.layout.max_pass)
+    step = _export(program, program.eagle3_step, (ids, torch.zeros(1, t, h), pos, torch.zeros(1, 1, t, 8 + t)),
+                   ({1: t_dim}, {1: t_dim}, {1: t_dim}, {2: t_dim, 3: torch.export.Dim.AUTO}), "drafter")
+    aux = torch.zeros(1, t, len(program.aux_layers) * h)
+    fc = _export(program, program.eagle3_fc, (aux,), ({1: t_dim},), EAGLE3_FC_GRAPH)
+    return {DRAFTER_METHOD: step, EAGLE3_FC_GRAPH: fc}
+
+
 def constant_methods(job: bundle.ExportJob) -> dict:
     cfg, layout = job.target.config, job.layout
     return {"get_vocab_size": cfg.vocab_size, "get_max_context_len": layout.max_context,
@@ -271,7 +340,8 @@ def _write(job: bundle.ExportJob, *, attention: str) -> tuple[dict, dict]:
     if layout.max_pass is None:
         raise ConfigError("an ExecuTorch program needs a cap on the tokens per forward", "pass --max-pass")
     _custom_ops()
-    program = Program(job.target.model, layout, job.drafter, job.sources, attention).eval()
+    eagle3 = isinstance(job.drafter, Eagle3Drafter)
+    program = Program(job.target.model, layout, job.drafter, job.sources, attention, job.aux_layers).eval()
     if job.precision == "8da4w":
         step("quantizing (8da4w: int8 dynamic activations, int4 weights in groups of 32)")
         program = _quantized_copy(program)
@@ -281,22 +351,35 @@ def _write(job: bundle.ExportJob, *, attention: str) -> tuple[dict, dict]:
     with _exporting(program):
         methods = {TARGET_METHOD: export_target_method(program)}
         if job.drafter is not None:
-            step("exporting the drafter method")
-            methods[DRAFTER_METHOD] = export_drafter_method(program)
+            step("exporting the drafter method" + ("s (EAGLE-3: step and fc)" if eagle3 else ""))
+            methods |= export_eagle3_methods(program) if eagle3 else {DRAFTER_METHOD: export_drafter_method(program)}
     step("lowering to XNNPACK and writing the .pte")
     data = lower(methods, constant_methods(job))
     del methods, program
     gc.collect()
     (job.tmp / PTE_DIR).mkdir()
     (job.tmp / PROGRAM_FILE).write_bytes(data)
+    aux = len(job.aux_layers) * cfg.hidden_size
     graphs = {"target": GraphEntry(PROGRAM_FILE, job.precision,
-                                   kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, logit_rows=True),
+                                   kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, logit_rows=True, aux_size=aux),
                                    method=TARGET_METHOD)}
-    if job.drafter is not None:
+    if eagle3:  # its step and fc methods; its cache: the program's buffers (draft layout `state`)
+        c = job.drafter.cfg
+        graphs["drafter"] = GraphEntry(PROGRAM_FILE, job.precision,
+                                       kv.eagle3_drafter_io(program_draft(job), cfg.hidden_size, c.draft_vocab_size),
+                                       method=DRAFTER_METHOD)
+        graphs[EAGLE3_FC_GRAPH] = GraphEntry(PROGRAM_FILE, job.precision, kv.eagle3_fc_io(aux, cfg.hidden_size),
+                                             method=EAGLE3_FC_GRAPH)
+    elif job.drafter is not None:
         io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size, job.drafter.cfg.candidates_per_step,
                            output_table=False)
         graphs["drafter"] = GraphEntry(PROGRAM_FILE, job.precision, io, method=DRAFTER_METHOD)
     return graphs, {}
+
+
+def program_draft(job: bundle.ExportJob) -> kv.KVLayout:
+    """An EAGLE-3 drafter's cache layout in the program (the manifest's draft_kv)."""
+    return bundle.eagle3_layout(job.drafter.cfg, job.layout.max_context, job.layout)
 
 
 def _quantized_copy(program: Program) -> Program:
@@ -312,7 +395,9 @@ def _quantized_copy(program: Program) -> Program:
     quantize_8da4w(clone.target, head="lm_head")  # the head: TABLE_BITS codes
     # the embedding(s) -> integer codes (a tied one: the head's codes): no fp32 table left
     tables = quantize_tables(clone.target, head=clone.target.lm_head, tied=weight)
-    if clone.drafter is not None:
+    if isinstance(clone.drafter, Eagle3Drafter):  # fc, its layer and its draft-vocabulary head: 4-bit Linears
+        quantize_8da4w(clone.drafter)
+    elif clone.drafter is not None:
         quantize_8da4w(clone.drafter, skip=("lm_head", "masked_embedding.centroids"))  # tables / 1-D inputs
     if hasattr(clone, "head_table"):  # the drafter gathers rows of the target's table: the quantized one
         del clone.head_table

@@ -19,6 +19,8 @@ import numpy as np
 
 from edge_spec.contract import kv
 from edge_spec.contract.backend import DraftStep, StepOutput
+from edge_spec.contract.eagle3_rows import AuxRecord, Eagle3Rows
+from edge_spec.contract.manifest import EAGLE3, EAGLE3_FC_GRAPH
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.contract.kv import KVLayout
 from edge_spec.logs import IMPORT_NOISE, quiet
@@ -94,9 +96,14 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
 
     identity = f"executorch {getattr(executorch, '__version__', '1.5.1')}, XNNPACK, {count} threads"
     backend = ExecutorchBackend(program, target, layout, manifest.vocab_size, manifest.hidden_size, identity,
-                                kv.has_logit_rows(entry.io))
+                                kv.has_logit_rows(entry.io), kv.aux_size(entry.io))
     if manifest.drafter is None:
         return backend, None
+    if manifest.drafter.kind == EAGLE3:  # its step and fc methods over its own buffers
+        step, fc = (manifest.graphs[name] for name in ("drafter", EAGLE3_FC_GRAPH))
+        methods = [_load_method(program, e.method, folder / e.file, len(e.io.inputs), len(e.io.outputs))
+                   for e in (step, fc)]
+        return backend, ExecutorchEagle3Drafter(*methods, backend, manifest.drafter.draft_layout)
     d = manifest.graphs["drafter"]
     drafter = _load_method(program, d.method, folder / d.file, len(d.io.inputs), len(d.io.outputs))
     sources = {kind: int(layer) for kind, layer in manifest.drafter.kv_sharing.items()}
@@ -109,9 +116,12 @@ class ExecutorchBackend:
     name = "executorch"
 
     def __init__(self, program, method, layout: KVLayout, vocab_size: int, hidden_size: int, identity: str,
-                 logit_rows: bool = False):
+                 logit_rows: bool = False, aux_width: int = 0):
         self.program, self.method, self.layout = program, method, layout  # the program must outlive its methods
         self.logit_rows = logit_rows  # the method takes kv.LOGIT_ROWS (programs exported since 2026-12-05)
+        # an eagle3 program's target also returns kv.AUX_HIDDEN [1, T, aux_width]; after each pass `aux_sink` (set by
+        # the eagle3 drafter) gets (ids [T], positions [T], aux rows [T, aux_width])
+        self.aux_width, self.aux_sink = aux_width, None
         self.vocab, self.hidden_size = vocab_size, hidden_size
         self.identity = identity  # what kernels run: part of the host check's cache key
         self.bucket = {kind: kv.bucket_slots(0, layout.slots(kind), BUCKET) for kind in layout.kinds()}
@@ -136,8 +146,10 @@ class ExecutorchBackend:
         if self.logit_rows:  # [R]: T - 1 alone, or every row
             inputs.append(torch.tensor([t - 1]) if last else torch.arange(t))
         start = time.perf_counter()
-        logits, hidden = self.method.execute(inputs)
+        logits, hidden, *aux = self.method.execute(inputs)
         self.kernel_s += time.perf_counter() - start
+        if aux and self.aux_sink is not None:
+            self.aux_sink(input_ids[0], position_ids[0], aux[0][0].numpy())
         r = logits.shape[1]  # rows returned
         rows = slice(r - 1, r) if last_only else slice(0, r)
         return StepOutput(logits[0, rows].numpy().copy(), hidden[0, rows].numpy().copy())
@@ -176,3 +188,54 @@ class ExecutorchDrafter:
         ids, logits, nxt = self.method.execute(inputs)
         self.kernel_s += time.perf_counter() - start
         return DraftStep(ids.numpy().copy(), logits.numpy().copy(), nxt[0, 0].numpy().copy())
+
+
+class ExecutorchEagle3Drafter:
+    """DrafterBackend over an eagle3 program's `drafter` (step) and `drafter_fc` methods: the drafter's cache is the
+    program's own buffers (draft layout `state`), which the step method writes at each row's slot, position - 1; which
+    rows a step runs: edge_spec/contract/eagle3_rows.py (runtimes/ort_eagle3.py is the `io` twin). A burst's first
+    step runs its rows in chunks of at most max_pass (the methods' planned size)."""
+
+    def __init__(self, step_method, fc_method, target: ExecutorchBackend, draft: KVLayout):
+        if not target.aux_width:
+            raise BundleError(f"the target method returns no {kv.AUX_HIDDEN}, which an eagle3 drafter reads", _FIX)
+        self.method, self.fc, self.draft = step_method, fc_method, draft
+        self.record = target.aux_sink = AuxRecord(target.layout.max_context, target.aux_width)
+        self.rows = Eagle3Rows(self.record, draft.max_context)  # slots: max_context + 1
+        self.kernel_s = 0.0
+
+    def begin(self, position: int, masks, n_cached: int) -> None:
+        """A burst after the target's committed positions [0, position); the target's masks are unused."""
+        self.rows.begin(position)
+
+    def step(self, token: int, hidden: np.ndarray) -> DraftStep:
+        rows = self.rows.next(token)
+        if rows.first:  # the missing rows, max_pass at a time: fc over their aux states, then the step
+            for a in range(0, len(rows.ids), self.draft.max_pass):
+                ids = rows.ids[a:a + self.draft.max_pass]
+                start = rows.aux_from + a
+                x = self._execute(self.fc, [np.ascontiguousarray(self.record.aux[start:start + len(ids)][None])])[0]
+                out = self._run(ids, x, rows.s + a)
+        else:
+            out = self._run(rows.ids, np.asarray(hidden, dtype=np.float32).reshape(1, 1, -1), rows.s)
+        self.rows.wrote(rows)
+        token_ids, logits, out_hidden = out
+        return DraftStep(token_ids, logits, out_hidden[0, 0].copy())
+
+    def _run(self, ids: np.ndarray, hidden, s: int):
+        """T rows after the s written ones: ids [T], hidden [1, T, H] -> (token ids [Vd], logits [Vd], hidden
+        [1, 1, H]); the mask [1, 1, T, b + T] shows the written slots [0, s) and the new rows causally."""
+        t, slots = len(ids), self.draft.max_context
+        b = kv.bucket_slots(min(slots, s + t), slots, BUCKET)
+        mask = np.full((1, 1, t, b + t), kv.NEG_INF, dtype=np.float32)
+        mask[..., :s] = 0.0
+        mask[0, 0, :, b:] = np.where(np.tri(t, dtype=bool), np.float32(0.0), kv.NEG_INF)
+        positions = np.arange(s + 1, s + 1 + t, dtype=np.int64)[None]
+        return self._execute(self.method, [ids.astype(np.int64)[None], hidden, positions, mask])
+
+    def _execute(self, method, arrays: list) -> list[np.ndarray]:
+        torch = _torch()
+        start = time.perf_counter()
+        out = method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        self.kernel_s += time.perf_counter() - start
+        return [o.numpy().copy() for o in out]

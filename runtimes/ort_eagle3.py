@@ -2,8 +2,8 @@
 runtimes/torch_eagle3.py, with the same begin / step semantics (read its docstring for which rows are committed).
 
   * the target's aux states: the bundle's target graph returns kv.AUX_HIDDEN for every row of a pass; the backend
-    hands each pass's (ids, positions, aux rows) to `AuxRecord`, which keeps them by position (a committed position
-    keeps the values of the pass that committed it, as AuxTarget does);
+    hands each pass's (ids, positions, aux rows) to `AuxRecord`, which keeps them by position; which rows a step
+    runs and which stay committed: edge_spec/contract/eagle3_rows.py;
   * fc fusion: the bundle's fc graph (kv.eagle3_fc_io) runs once per burst over the target rows not yet fused
     (the missing rows c + 1..L read the aux states at c..L - 1);
   * its own cache: runtimes/io_caches.IoCaches over the manifest's draft layout (kind kv.DRAFT_KIND, one cache per
@@ -21,21 +21,9 @@ import numpy as np
 
 from edge_spec.contract import kv
 from edge_spec.contract.backend import DraftStep
+from edge_spec.contract.eagle3_rows import AuxRecord, Eagle3Rows
 from edge_spec.errors import BundleError
 from edge_spec.runtimes.io_caches import BUCKET, IoCaches
-
-
-class AuxRecord:
-    """The target's tokens and aux states by position: ids [S] (-1: none yet), aux [S, n * H]."""
-
-    def __init__(self, max_context: int, width: int):
-        self.ids = np.full(max_context, -1, dtype=np.int64)
-        self.aux = np.zeros((max_context, width), dtype=np.float32)
-
-    def __call__(self, ids: np.ndarray, positions: np.ndarray, aux: np.ndarray) -> None:
-        keep = positions < len(self.ids)  # ids, positions [T]; aux [T, n * H]
-        self.ids[positions[keep]] = ids[keep]
-        self.aux[positions[keep]] = aux[keep]
 
 
 def draft_layout(manifest_layout: kv.KVLayout, max_context: int) -> kv.KVLayout:
@@ -58,37 +46,23 @@ class OrtEagle3Drafter:
         self.record = target.aux_sink = AuxRecord(target.layout.max_context, target.aux_width)
         self.draft, self.tables = draft, dict(tables or {})
         self.caches = IoCaches(draft, BUCKET)
-        capacity = draft.max_context  # slots: max_context + 1
-        self.tokens = np.full(capacity + 1, -1, dtype=np.int64)  # token at each position when its row was computed
-        self.committed = 0  # rows 1..committed are final (slots 0..committed - 1)
-        self.used = 0  # rows written this burst (committed + chained)
-        self.position, self.fresh = 0, False
+        self.rows = Eagle3Rows(self.record, draft.max_context)  # slots: max_context + 1
         self.kernel_s = 0.0
 
     def begin(self, position: int, masks, n_cached: int) -> None:
         """A burst after the target's committed positions [0, position); the target's masks are unused."""
-        keep = min(self.committed, position - 1)
-        same = self.tokens[:keep + 1] == self.record.ids[:keep + 1]  # tokens 0..keep
-        self.committed = keep if same.all() else max(int(np.argmin(same)) - 1, 0)
-        self.used, self.position, self.fresh = self.committed, position, True
+        self.rows.begin(position)
 
     def step(self, token: int, hidden: np.ndarray) -> DraftStep:
-        first, self.fresh = self.fresh, False
-        if first:  # the missing rows c + 1..L: target aux [c, L), tokens c + 1..L (token L: this step's)
-            c, end = self.committed, self.position
-            ids = np.append(self.record.ids[c + 1:end], token)
-            x = self._fuse(self.record.aux[c:end])  # [1, T, H]
-        else:  # one chained row after the last one written
-            ids = np.array([token], dtype=np.int64)
+        rows = self.rows.next(token)
+        t = len(rows.ids)
+        if rows.first:
+            x = self._fuse(self.record.aux[rows.aux_from:rows.aux_from + t])  # [1, T, H]
+        else:
             x = np.asarray(hidden, dtype=np.float32).reshape(1, 1, -1)
-        t, s = len(ids), self.used
-        token_ids, logits, out_hidden, rows = self._run(ids.astype(np.int64)[None], x, s)
-        self._write(rows, s, t)
-        self.used += t
-        if first:
-            self.tokens[0] = self.record.ids[0]
-            self.tokens[s + 1:s + 1 + t] = ids  # rows at positions s + 1..s + t
-            self.committed = self.used
+        token_ids, logits, out_hidden, new = self._run(rows.ids[None], x, rows.s)
+        self._write(new, rows.s, t)
+        self.rows.wrote(rows)
         return DraftStep(token_ids, logits, out_hidden[0, 0].copy())
 
     def _fuse(self, aux: np.ndarray) -> np.ndarray:

@@ -105,7 +105,8 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
         aux_layers = check_eagle3_pair(cfg, drafter.cfg, f"the target {target.name}", "the EAGLE-3 drafter")
         if fmt.name not in EAGLE3_FORMATS:
             raise ConfigError(f"EAGLE-3 drafters export to {', '.join(EAGLE3_FORMATS)} bundles only so far, not "
-                              f"{fmt.name} (issue 48)", "export with --format onnx, or without the drafter")
+                              f"{fmt.name} (issue 48)",
+                              "export with --format onnx or executorch, or without the drafter")
         sources = {}
     else:
         aux_layers = ()
@@ -125,7 +126,7 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
                 content_sha256=content_id(eagle3_config(c), drafter.state_dict()), config=eagle3_config(c),
                 target_content_sha256=target_id, candidates_per_step=c.draft_vocab_size, kind=EAGLE3,
                 aux_layers=list(aux_layers), draft_vocab_size=c.draft_vocab_size,
-                draft_kv=eagle3_layout(c, layout.max_context).to_json())
+                draft_kv=eagle3_layout(c, layout.max_context, layout).to_json())
         elif drafter is not None:
             drafter_entry = DrafterEntry(
                 name=drafter_source or "(in memory)", source=drafter_source,
@@ -165,10 +166,14 @@ def eagle3_config(cfg: Eagle3Config) -> dict:
             **{name: getattr(cfg, name) for name in options}}
 
 
-def eagle3_layout(cfg: Eagle3Config, max_context: int) -> kv.KVLayout:
-    """An eagle3 drafter's own cache: one full-attention cache per drafter layer, kind kv.DRAFT_KIND, `io` binding,
-    max_context + 1 slots (slot p - 1 holds its row at position p; rows chained after the committed ones follow)."""
+def eagle3_layout(cfg: Eagle3Config, max_context: int, target: kv.KVLayout | None = None) -> kv.KVLayout:
+    """An eagle3 drafter's own cache: one full-attention cache per drafter layer, kind kv.DRAFT_KIND, max_context + 1
+    slots (slot p - 1 holds its row at position p; rows chained after the committed ones follow). `io` binding, or
+    `state` with the target's max_pass beside a `state` target (`target`: its layout): a program whose drafter
+    method keeps the cache as its own buffers (exporters/executorch.py)."""
     c, slots = cfg.layers, max_context + 1
     caches = tuple(kv.CacheSpec(i, kv.DRAFT_KIND, c.kv_heads[0], c.head_dims[0], slots, None)
                    for i in range(c.num_layers))
+    if target is not None and target.binding == kv.BINDING_STATE:
+        return kv.KVLayout(caches, slots, target.max_pass, kv.BINDING_STATE)
     return kv.KVLayout(caches, slots)

@@ -336,19 +336,22 @@ def drafter_io(layout: KVLayout, sources: dict[str, int], vocab_size: int, targe
 def eagle3_drafter_io(draft: KVLayout, hidden: int, draft_vocab: int, tables: tuple = ()) -> GraphIO:
     """EAGLE-3 drafter graph: T rows (target ids, hidden fused or chained, positions, DRAFT_MASK, its own caches, of
     the layout `draft`, then `tables`) -> the last row's Vd candidates (target ids), their logits, its chained
-    hidden; every row's new K/V (the runtime writes them into its cache). `tables`: `table_specs` of the bundle's
+    hidden; every row's new K/V (the runtime writes them into its cache; a `state` layout: no caches in or rows
+    out, the program writes each row into its slot, position - 1, and its mask's S_draft = the slots it attends
+    over). `tables`: `table_specs` of the bundle's
     shared embedding when the drafter embeds tokens with the target's own table (Speculators' frozen verifier
     embedding: the graph gathers its rows from the bundle's one copy), () when it keeps a table of its own."""
     t, s = T_DIM, slots_dim(DRAFT_KIND)
     inputs = [TensorSpec(INPUT_IDS, "int64", (1, t)), TensorSpec(HIDDEN, "float32", (1, t, hidden)),
               TensorSpec(POSITION_IDS, "int64", (1, t)), TensorSpec(DRAFT_MASK, "float32", (1, 1, t, mask_cols_dim(DRAFT_KIND)))]
+    own = draft.binding == BINDING_IO  # `state`: the program keeps the caches and writes the rows itself
     inputs += [TensorSpec(name, "float32", (1, c.num_kv_heads, s, c.head_dim))
-               for c in draft.caches for name in draft_cache_names(c.layer)]
+               for c in draft.caches if own for name in draft_cache_names(c.layer)]
     inputs += list(tables)
     outputs = [TensorSpec(DRAFT_TOKEN_IDS, "int64", (draft_vocab,)), TensorSpec(DRAFT_LOGITS, "float32", (draft_vocab,)),
                TensorSpec(DRAFT_HIDDEN, "float32", (1, 1, hidden))]
     outputs += [TensorSpec(name, "float32", (1, c.num_kv_heads, t, c.head_dim))
-                for c in draft.caches for name in draft_new_names(c.layer)]
+                for c in draft.caches if own for name in draft_new_names(c.layer)]
     return GraphIO(tuple(inputs), tuple(outputs))
 
 

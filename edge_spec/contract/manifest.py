@@ -24,9 +24,9 @@ from edge_spec.errors import BundleError
 from edge_spec.contract.formats import FORMATS
 from edge_spec.contract.manifest_check import check_fields, check_tables
 from edge_spec.contract.datastore_check import DATASTORE_KEY, check_datastore
-from edge_spec.contract.kv import (AUX_HIDDEN, BINDING_IO, DRAFT_KIND, OUTPUT_TABLE, TARGET_TABLES, GraphIO, KVLayout,
-                                  TensorSpec, aux_size, drafter_io, eagle3_drafter_io, eagle3_fc_io, has_logit_rows,
-                                  ring_slots, table_bits, table_specs, target_io)
+from edge_spec.contract.kv import (AUX_HIDDEN, BINDING_IO, BINDING_STATE, DRAFT_KIND, OUTPUT_TABLE, TARGET_TABLES,
+                                  GraphIO, KVLayout, TensorSpec, aux_size, drafter_io, eagle3_drafter_io, eagle3_fc_io,
+                                  has_logit_rows, ring_slots, table_bits, table_specs, target_io)
 
 SCHEMA_VERSION = 2  # 2: the KV layout records `max_pass` (sliding rings sized for it, slot-attention graphs)
 READABLE_VERSIONS = (1, 2)  # 1: no cap per forward; its sliding layers use the split attention form
@@ -105,7 +105,7 @@ class ModelEntry:
 
 
 MTP, EAGLE3 = "mtp", "eagle3"  # drafter kinds: reads the target's caches | reads its aux states, owns a cache
-EAGLE3_FORMATS = ("onnx",)  # formats whose exporter and runtime build eagle3 drafters (issue 48: the others to come)
+EAGLE3_FORMATS = ("onnx", "executorch")  # formats whose exporter and runtime build eagle3 drafters (issue 48)
 EAGLE3_FC_GRAPH = "drafter_fc"  # an eagle3 bundle's fc graph (kv.eagle3_fc_io) beside its "drafter" graph
 
 
@@ -329,7 +329,7 @@ def _verify_eagle3(m: Manifest, path: Path) -> None:
     d = m.drafter
     if m.format not in EAGLE3_FORMATS:
         raise BundleError(f"{path}: an eagle3 drafter in a {m.format} bundle; edge-spec runs eagle3 drafters in "
-                          f"{', '.join(EAGLE3_FORMATS)} bundles only so far", "re-export with --format onnx")
+                          f"{', '.join(EAGLE3_FORMATS)} bundles only so far", "re-export with --format onnx or executorch")
     if d.kv_sharing or not d.draft_kv or not 0 < d.draft_vocab_size <= m.vocab_size:
         raise BundleError(f"{path}: the eagle3 drafter entry needs draft_kv, draft_vocab_size in [1, {m.vocab_size}] "
                           f"and no kv_sharing", _REEXPORT)
@@ -337,9 +337,10 @@ def _verify_eagle3(m: Manifest, path: Path) -> None:
         draft = d.draft_layout
     except (KeyError, TypeError, ValueError) as err:
         raise BundleError(f"{path}: the eagle3 drafter's draft_kv is malformed ({err})", _REEXPORT) from err
-    if draft.binding != BINDING_IO or draft.kinds() != (DRAFT_KIND,) or draft.max_context <= m.max_context:
-        raise BundleError(f"{path}: the eagle3 drafter's cache layout must be `io`, kind {DRAFT_KIND!r}, with more "
-                          f"slots than max_context {m.max_context}", _REEXPORT)
+    binding = BINDING_STATE if m.layout.binding == BINDING_STATE else BINDING_IO  # a program keeps both, or neither
+    if draft.binding != binding or draft.kinds() != (DRAFT_KIND,) or draft.max_context <= m.max_context:
+        raise BundleError(f"{path}: the eagle3 drafter's cache layout must be `{binding}` (as the target's), kind "
+                          f"{DRAFT_KIND!r}, with more slots than max_context {m.max_context}", _REEXPORT)
     for name in ("drafter", EAGLE3_FC_GRAPH):
         if name not in m.graphs:
             raise BundleError(f"{path}: the eagle3 drafter entry has no {name!r} graph", _REEXPORT)

@@ -23,6 +23,7 @@ a plain `load_state_dict` (edge_spec/loading/speculators_eagle3.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -128,9 +129,11 @@ class Eagle3Attention(nn.Module):
             self.k_norm = RMSNorm(d, c.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(self, x, rope, mask, k_cache, v_cache):
+    def forward(self, x, rope, mask, k_cache, v_cache, store=None):
         """x: [1, T, in]; rope: cos, sin [1, T, 1, D]; mask: [1, 1, T, S + T]; caches [1, H_kv, S, D]
-        -> (out [1, T, H], new k, new v [1, H_kv, T, D])."""
+        -> (out [1, T, H], new k, new v [1, H_kv, T, D]). `store` (a program that owns the cache, the `state`
+        binding): (new k, new v) -> the cache [1, H_kv, S, D] after it wrote them into their slots, which the mask
+        hides among its first S columns (the new rows are its last T either way)."""
         b, t = x.shape[:2]
         d = self.head_dim
         q = self.q_proj(x).view(b, t, -1, d)  # [1, T, H, D]
@@ -141,6 +144,8 @@ class Eagle3Attention(nn.Module):
         q = apply_rope(q, rope.cos, rope.sin).transpose(1, 2)  # [1, H, T, D]
         k = apply_rope(k, rope.cos, rope.sin).transpose(1, 2)  # [1, H_kv, T, D]
         v = v.transpose(1, 2)
+        if store is not None:
+            k_cache, v_cache = store(k, v)
         out = attend(q, (k_cache, k), (v_cache, v), mask, self.scale)  # [1, T, H * D]
         return self.o_proj(out), k, v
 
@@ -161,7 +166,7 @@ class Eagle3Layer(nn.Module):
         if first:
             self.hidden_norm = RMSNorm(h, c.rms_norm_eps)
 
-    def forward(self, x, embeds, rope, mask, k_cache, v_cache):
+    def forward(self, x, embeds, rope, mask, k_cache, v_cache, store=None):
         """x: [1, T, H] (the hidden); embeds: [1, T, H] (layer 0 only, else None) -> (x [1, T, H], new k, new v)."""
         if self.first:
             normed = self.hidden_norm(x)
@@ -169,7 +174,7 @@ class Eagle3Layer(nn.Module):
             h = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [1, T, 2H]
         else:
             residual, h = x, self.input_layernorm(x)
-        a, k, v = self.self_attn(h, rope, mask, k_cache, v_cache)
+        a, k, v = self.self_attn(h, rope, mask, k_cache, v_cache, store)
         x = residual + a
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
@@ -209,16 +214,18 @@ class Eagle3Drafter(nn.Module):
         return self.fc(aux)
 
     def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                k_caches: list, v_caches: list, embeds: torch.Tensor | None = None) -> Eagle3Output:
+                k_caches: list, v_caches: list, embeds: torch.Tensor | None = None, store=None) -> Eagle3Output:
         """hidden: [1, T, H] (`fuse` of the aux states, or the previous draft row's `hidden`); input_ids,
         position_ids: [1, T] (target-vocabulary ids); mask: [1, 1, T, S + T] additive; k_caches[i], v_caches[i]:
         [1, H_kv, S, D] per layer; embeds: the tokens' embeddings [1, T, H] when the caller gathers them (from the
-        target's table, which equals embed_tokens), else embed_tokens(input_ids)."""
+        target's table, which equals embed_tokens), else embed_tokens(input_ids); store: (layer, new k, new v) -> that
+        layer's cache after writing them (Eagle3Attention.forward; k_caches / v_caches are then unused)."""
         embeds = self.embed_tokens(input_ids) if embeds is None else embeds  # [1, T, H]
         rope = rope_cos_sin(position_ids, self.inv_freq)  # cos, sin [1, T, 1, D]
         x, new_k, new_v = hidden, [], []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, embeds if i == 0 else None, rope, mask, k_caches[i], v_caches[i])
+            layer_store = None if store is None else functools.partial(store, i)
+            x, k, v = layer(x, embeds if i == 0 else None, rope, mask, k_caches[i], v_caches[i], layer_store)
             new_k.append(k)
             new_v.append(v)
         normed = self.norm(x)

@@ -11,6 +11,7 @@
 #include <executorch/extension/tensor/tensor.h>
 #include <executorch/runtime/platform/platform.h>
 
+#include "eagle3.h"
 #include "errors.h"
 
 #ifndef ES_EXECUTORCH_VERSION  // CMakeLists.txt reads it from the wheel; other builds (Android's) may not say
@@ -64,16 +65,30 @@ TensorPtr sliced_mask(const Mask& m, int slots, int b) {
   return make_tensor_ptr({1, 1, t, b + t}, std::move(out));
 }
 
-struct Program {  // the Module, shared by both methods (it must outlive them)
+struct Program {  // the Module, shared by its methods (it must outlive them)
   std::unique_ptr<Module> module;
   std::string path;
 };
 
+// Runs `method` on `keep` (the input tensors, alive until it returns); adds its time to `kernel_s`.
+std::vector<EValue> execute(Program& program, const std::string& method, const std::vector<TensorPtr>& keep,
+                            double& kernel_s, const std::string& fix) {
+  std::vector<EValue> inputs;
+  for (const auto& p : keep) inputs.emplace_back(*p);
+  const double start = now_s();
+  auto result = program.module->execute(method, inputs);
+  kernel_s += now_s() - start;
+  if (!result.ok())
+    throw backend_error(program.path + ": method '" + method + "' failed (" + error_text(result.error()) + ")", fix);
+  return std::move(result.get());
+}
+
 class ExecutorchBackend : public Backend {
  public:
   ExecutorchBackend(std::shared_ptr<Program> program, std::string method, const Manifest& m, std::string identity)
-      : program_(std::move(program)), method_(std::move(method)), layout_(m.layout), vocab_(m.vocab_size),
-        hidden_(m.hidden_size), identity_(std::move(identity)), logit_rows_(has_logit_rows(m.graphs.at("target").io)) {}
+      : aux_width(aux_size(m.graphs.at("target").io)), program_(std::move(program)), method_(std::move(method)),
+        layout_(m.layout), vocab_(m.vocab_size), hidden_(m.hidden_size), identity_(std::move(identity)),
+        logit_rows_(has_logit_rows(m.graphs.at("target").io)) {}
 
   const KVLayout& layout() const override { return layout_; }
   int vocab_size() const override { return vocab_; }
@@ -99,16 +114,12 @@ class ExecutorchBackend : public Backend {
       const int64_t r = int64_t(rows.size());
       keep.push_back(make_tensor_ptr({r}, std::move(rows)));
     }
-    std::vector<EValue> inputs;
-    for (auto& p : keep) inputs.emplace_back(*p);
-    const double start = now_s();
-    auto result = program_->module->execute(method_, inputs);
-    kernel_s += now_s() - start;
-    if (!result.ok())
-      throw backend_error(program_->path + ": method '" + method_ + "' failed (" + error_text(result.error()) + ")",
-                          "check the bundle with `edge-spec check --bundle B`; " + std::string(FIX));
-    const auto& logits = result.get()[0].toTensor();  // [1, R, V] (R = T, or 1: `last`); aliases the arena: copy now
-    const auto& hidden = result.get()[1].toTensor();  // [1, R, H]
+    const auto result = execute(*program_, method_, keep, kernel_s,
+                                "check the bundle with `edge-spec check --bundle B`; " + std::string(FIX));
+    const auto& logits = result[0].toTensor();  // [1, R, V] (R = T, or 1: `last`); aliases the arena: copy now
+    const auto& hidden = result[1].toTensor();  // [1, R, H]
+    if (aux_width && aux_record)  // an eagle3 program's AUX_HIDDEN [1, T, n * H], every row
+      aux_record->record(ids.data(), positions.data(), result[2].toTensor().const_data_ptr<float>(), t);
     const int r = last ? 1 : t;
     const int first = last_only ? r - 1 : 0;
     StepOutput out;
@@ -123,6 +134,11 @@ class ExecutorchBackend : public Backend {
   void commit(const CommitPlan&) override {}  // the program wrote every row; KVState records which it accepted
   void reset() override {}                    // stale rows stay in the buffers; KVState's masks hide them
 
+  // An eagle3 program's target also returns AUX_HIDDEN [1, T, aux_width] (0: it does not); after each pass its rows
+  // go to `aux_record` (set by the eagle3 drafter, which owns it), with the pass's ids and positions.
+  const int aux_width;
+  AuxRecord* aux_record = nullptr;
+
  private:
   std::shared_ptr<Program> program_;
   std::string method_;
@@ -131,6 +147,21 @@ class ExecutorchBackend : public Backend {
   std::string identity_;
   bool logit_rows_;  // the method takes LOGIT_ROWS (programs exported since 2026-12-05)
 };
+
+// A drafter method's outputs (candidate ids [N] int64, their logits [N], the chained hidden [1, 1, H]) copied out of
+// the arena.
+DraftStep draft_step(const std::vector<EValue>& result, int hidden) {
+  const auto& ids = result[0].toTensor();
+  const auto& logits = result[1].toTensor();
+  const float* hp = result[2].toTensor().const_data_ptr<float>();
+  DraftStep out;
+  const int64_t* ip = ids.const_data_ptr<int64_t>();
+  const float* lp = logits.const_data_ptr<float>();
+  out.token_ids.assign(ip, ip + ids.numel());
+  out.logits.assign(lp, lp + logits.numel());
+  out.hidden.assign(hp, hp + hidden);
+  return out;
+}
 
 class ExecutorchDrafter : public DrafterBackend {
  public:
@@ -154,26 +185,8 @@ class ExecutorchDrafter : public DrafterBackend {
     std::vector<TensorPtr> keep = {make_tensor_ptr({1, 1}, std::vector<int64_t>{token}),     // input_ids [1, 1]
                                    make_tensor_ptr({1, 1, hidden_}, std::vector<float>(hidden)),  // hidden [1, 1, H]
                                    make_tensor_ptr({1, 1}, std::vector<int64_t>{position_})};  // position_ids [1, 1]
-    std::vector<EValue> inputs;
-    for (auto& p : keep) inputs.emplace_back(*p);
-    for (auto& p : masks_) inputs.emplace_back(*p);
-    const double start = now_s();
-    auto result = program_->module->execute(method_, inputs);
-    kernel_s += now_s() - start;
-    if (!result.ok())
-      throw backend_error(program_->path + ": method '" + method_ + "' failed (" + error_text(result.error()) + ")",
-                          FIX);
-    const auto& ids = result.get()[0].toTensor();     // [N] int64
-    const auto& logits = result.get()[1].toTensor();  // [N] float32
-    const auto& next = result.get()[2].toTensor();    // [1, 1, H]
-    DraftStep out;
-    const int64_t* ip = ids.const_data_ptr<int64_t>();
-    const float* lp = logits.const_data_ptr<float>();
-    const float* hp = next.const_data_ptr<float>();
-    out.token_ids.assign(ip, ip + ids.numel());
-    out.logits.assign(lp, lp + logits.numel());
-    out.hidden.assign(hp, hp + hidden_);
-    return out;
+    keep.insert(keep.end(), masks_.begin(), masks_.end());
+    return draft_step(execute(*program_, method_, keep, kernel_s, FIX), hidden_);
   }
 
  private:
@@ -184,6 +197,85 @@ class ExecutorchDrafter : public DrafterBackend {
   std::vector<std::string> kinds_;
   int64_t position_ = 0;
   std::vector<TensorPtr> masks_;
+};
+
+// An EAGLE-3 drafter over the program's `drafter` (step) and `drafter_fc` methods (runtimes/executorch.py
+// ExecutorchEagle3Drafter): its cache is the program's own buffers (draft layout `state`), which the step method
+// writes at each row's slot, position - 1; which rows a step runs: eagle3.h. A burst's first step runs its rows in
+// chunks of at most the layout's max_pass (the methods' planned size).
+class ExecutorchEagle3Drafter : public DrafterBackend {
+ public:
+  ExecutorchEagle3Drafter(std::shared_ptr<Program> program, std::string step, std::string fc,
+                          ExecutorchBackend& target, const Manifest& m)
+      : program_(std::move(program)), step_(std::move(step)), fc_(std::move(fc)), target_(target),
+        hidden_(m.hidden_size), draft_(*m.drafter->draft_kv), record_(m.max_context(), target.aux_width),
+        rows_(record_, draft_.max_context) {
+    if (!target.aux_width)
+      throw bundle_error(program_->path + ": the target method returns no " + std::string(contract::AUX_HIDDEN) +
+                             ", which an eagle3 drafter reads",
+                         FIX);
+    target_.aux_record = &record_;
+  }
+  ~ExecutorchEagle3Drafter() override { target_.aux_record = nullptr; }
+
+  // A burst after the target's committed positions [0, position); the target's masks are unused.
+  void begin(int64_t position, const Masks&, int64_t) override { rows_.begin(position); }
+
+  DraftStep step(int64_t token, const std::vector<float>& hidden) override {
+    const Eagle3Rows::Rows rows = rows_.next(token);
+    const int t = int(rows.ids.size());
+    if (rows.s + t > int64_t(draft_.max_context))  // never with the loop's draft lengths (they stop at max_context)
+      throw kv_state_error("the eagle3 drafter's cache holds " + std::to_string(draft_.max_context) + " rows, a step " +
+                               "would write rows " + std::to_string(rows.s + 1) + ".." + std::to_string(rows.s + t),
+                           "draft fewer tokens (--spec-k) or generate fewer (--max-new-tokens)");
+    DraftStep out;
+    if (rows.first) {  // the missing rows, max_pass at a time: fc over their aux states, then the step
+      const int chunk = draft_.max_pass > 0 ? draft_.max_pass : t;
+      const int width = record_.width;
+      for (int a = 0; a < t; a += chunk) {
+        const int n = std::min(chunk, t - a);
+        const float* aux = record_.aux_rows(rows.aux_from + a);
+        std::vector<TensorPtr> in = {make_tensor_ptr({1, n, width}, std::vector<float>(aux, aux + size_t(n) * width))};
+        const auto fused = execute(*program_, fc_, in, kernel_s, FIX)[0].toTensor();  // [1, n, H]
+        const float* x = fused.const_data_ptr<float>();
+        out = run({rows.ids.begin() + a, rows.ids.begin() + a + n}, std::vector<float>(x, x + size_t(n) * hidden_),
+                  rows.s + a);
+      }
+    } else {
+      out = run(rows.ids, hidden, rows.s);
+    }
+    rows_.wrote(rows);
+    return out;
+  }
+
+ private:
+  // T rows after the s written ones: ids [T], hidden [T * H]; the mask [1, 1, T, b + T] shows the written slots
+  // [0, s) and the new rows causally.
+  DraftStep run(const std::vector<int64_t>& ids, std::vector<float> x, int64_t s) {
+    const int t = int(ids.size()), slots = draft_.max_context;
+    const int b = bucket_slots(int(std::min<int64_t>(slots, s + t)), slots, ET_BUCKET);
+    std::vector<float> mask(size_t(t) * size_t(b + t), NEG_INF);
+    std::vector<int64_t> positions(static_cast<size_t>(t));
+    for (int r = 0; r < t; ++r) {
+      float* row = mask.data() + size_t(r) * size_t(b + t);
+      std::fill(row, row + s, 0.0f);
+      std::fill(row + b, row + b + r + 1, 0.0f);
+      positions[size_t(r)] = s + 1 + r;
+    }
+    std::vector<TensorPtr> in = {make_tensor_ptr({1, t}, std::vector<int64_t>(ids)),          // input_ids [1, T]
+                                 make_tensor_ptr({1, t, hidden_}, std::move(x)),              // hidden [1, T, H]
+                                 make_tensor_ptr({1, t}, std::move(positions)),               // position_ids [1, T]
+                                 make_tensor_ptr({1, 1, t, b + t}, std::move(mask))};         // draft_mask
+    return draft_step(execute(*program_, step_, in, kernel_s, FIX), hidden_);
+  }
+
+  std::shared_ptr<Program> program_;
+  std::string step_, fc_;
+  ExecutorchBackend& target_;
+  int hidden_;
+  KVLayout draft_;  // the drafter's own cache layout (`state`: the program's buffers, max_context + 1 slots)
+  AuxRecord record_;
+  Eagle3Rows rows_;
 };
 
 void load_method(Program& program, const std::string& name, size_t n_inputs, size_t n_outputs) {
@@ -253,16 +345,25 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_execut
   load_method(*program, entry.method, entry.io.inputs.size(), entry.io.outputs.size());
   std::string identity =
       std::string("executorch ") + ES_EXECUTORCH_VERSION + " (native), XNNPACK, " + std::to_string(count) + " threads";
-  std::unique_ptr<Backend> backend(new ExecutorchBackend(program, entry.method, m, identity));
+  auto* target = new ExecutorchBackend(program, entry.method, m, identity);
+  std::unique_ptr<Backend> backend(target);
   std::unique_ptr<DrafterBackend> drafter;
   if (m.drafter) {
-    const GraphEntry& d = m.graphs.at("drafter");
-    if (d.file != entry.file)
-      throw bundle_error(join_path(folder, d.file) + ": the drafter method must live in the target's program " +
-                             entry.file + " (they share the KV buffers)",
-                         FIX);
-    load_method(*program, d.method, d.io.inputs.size(), d.io.outputs.size());
-    drafter.reset(new ExecutorchDrafter(program, d.method, m));
+    std::vector<std::string> names = {"drafter"};
+    if (m.drafter->is_eagle3()) names.push_back(contract::EAGLE3_FC_GRAPH);
+    for (const auto& name : names) {
+      const GraphEntry& d = m.graphs.at(name);
+      if (d.file != entry.file)
+        throw bundle_error(join_path(folder, d.file) + ": the " + name + " method must live in the target's " +
+                               "program " + entry.file + " (they share its buffers)",
+                           FIX);
+      load_method(*program, d.method, d.io.inputs.size(), d.io.outputs.size());
+    }
+    const std::string& step = m.graphs.at("drafter").method;
+    if (m.drafter->is_eagle3())
+      drafter.reset(new ExecutorchEagle3Drafter(program, step, m.graphs.at(names[1]).method, *target, m));
+    else
+      drafter.reset(new ExecutorchDrafter(program, step, m));
   }
   return {std::move(backend), std::move(drafter)};
 }

@@ -201,14 +201,17 @@ void check_aux(const Manifest& m, const GraphIO& target, const std::string& path
   }
 }
 
-// manifest.py _verify_eagle3: a format whose native backend runs it (onnx), no kv_sharing, its own `io` cache layout
-// of kind DRAFT_KIND with more slots than max_context, and its two graphs' IO.
+// manifest.py _verify_eagle3: a format whose native backend runs it (onnx, executorch), no kv_sharing, its own cache
+// layout (`io`, or `state` beside a `state` target) of kind DRAFT_KIND with more slots than max_context, and its two
+// graphs' IO.
 void verify_eagle3(const Manifest& m, const std::string& path) {
   const DrafterEntry& d = *m.drafter;
-  if (m.format != contract::FORMAT_ONNX)
+  if (m.format != contract::FORMAT_ONNX && m.format != contract::FORMAT_EXECUTORCH)
     throw bundle_error(path + ": an eagle3 drafter in a " + m.format + " bundle; edge-spec runs eagle3 drafters in " +
-                           contract::FORMAT_ONNX + " bundles only so far (the native runner too)",
-                       std::string("re-export with --format ") + contract::FORMAT_ONNX);
+                           contract::FORMAT_ONNX + ", " + contract::FORMAT_EXECUTORCH +
+                           " bundles only so far (the native runner too)",
+                       std::string("re-export with --format ") + contract::FORMAT_ONNX + " or " +
+                           contract::FORMAT_EXECUTORCH);
   if (!d.kv_sharing.empty() || !m.raw.at("drafter").get("draft_kv").is_object() || d.draft_vocab_size <= 0 ||
       d.draft_vocab_size > m.vocab_size)
     throw bundle_error(path + ": the eagle3 drafter entry needs draft_kv, draft_vocab_size in [1, " +
@@ -217,10 +220,12 @@ void verify_eagle3(const Manifest& m, const std::string& path) {
   if (!d.draft_kv) throw bundle_error(path + ": the eagle3 drafter's draft_kv is malformed", REEXPORT);
   const KVLayout& draft = *d.draft_kv;
   const std::vector<std::string> kinds = draft.kinds();
-  if (draft.binding != BINDING_IO || kinds.size() != 1 || kinds[0] != contract::DRAFT_KIND ||
+  const std::string binding = m.layout.binding == BINDING_STATE ? BINDING_STATE : BINDING_IO;  // both, or neither
+  if (draft.binding != binding || kinds.size() != 1 || kinds[0] != contract::DRAFT_KIND ||
       draft.max_context <= m.max_context())
-    throw bundle_error(path + ": the eagle3 drafter's cache layout must be `io`, kind '" + contract::DRAFT_KIND +
-                           "', with more slots than max_context " + std::to_string(m.max_context()),
+    throw bundle_error(path + ": the eagle3 drafter's cache layout must be `" + binding + "` (as the target's), kind '" +
+                           contract::DRAFT_KIND + "', with more slots than max_context " +
+                           std::to_string(m.max_context()),
                        REEXPORT);
   for (const std::string& name : {std::string("drafter"), std::string(contract::EAGLE3_FC_GRAPH)})
     if (!m.graphs.count(name))
@@ -356,15 +361,17 @@ GraphIO eagle3_drafter_io(const KVLayout& draft, int hidden, int draft_vocab,
   io.inputs = {spec(INPUT_IDS, "int64", {"1", T_DIM}), spec(HIDDEN, "float32", {"1", T_DIM, h}),
                spec(POSITION_IDS, "int64", {"1", T_DIM}),
                spec(DRAFT_MASK, "float32", {"1", "1", T_DIM, mask_cols_dim(DRAFT_KIND)})};
+  const bool own = draft.binding == BINDING_IO;  // `state`: the program keeps the caches and writes the rows itself
   for (const auto& c : draft.caches)
     for (const std::string& n : {draft_k_cache_name(c.layer), draft_v_cache_name(c.layer)})
-      io.inputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), s, std::to_string(c.head_dim)}));
+      if (own) io.inputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), s, std::to_string(c.head_dim)}));
   for (const TensorSpec& t : tables) io.inputs.push_back(t);
   io.outputs = {spec(DRAFT_TOKEN_IDS, "int64", {vd}), spec(DRAFT_LOGITS, "float32", {vd}),
                 spec(DRAFT_HIDDEN, "float32", {"1", "1", h})};
   for (const auto& c : draft.caches)
     for (const std::string& n : {draft_k_new_name(c.layer), draft_v_new_name(c.layer)})
-      io.outputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), T_DIM, std::to_string(c.head_dim)}));
+      if (own)
+        io.outputs.push_back(spec(n, "float32", {"1", std::to_string(c.num_kv_heads), T_DIM, std::to_string(c.head_dim)}));
   return io;
 }
 
