@@ -28,11 +28,15 @@ Layout of the program (`Program`):
 method reads what the target method wrote (executorch's Python `Program` sizes one arena per memory id across the
 methods it loaded: load both once, never run two at once).
 
+Files: the program (`executorch/program.pte`: methods, delegate graphs, no weights) and every constant once in
+`executorch/weights.ptd` (ExecuTorch's named data, the manifest entries' `data`; `lower`).
+
 Precisions: fp32, and 8da4w (int8 per-token dynamic activations x int4 weights in groups of 32 whose codes keep each
 block's min and max exact; the output head 8-bit per row, and the vocabulary table as the head's codes, read by
-ExecuTorch's quantized embedding op: exporters/executorch_quant.py). The fp32 program keeps a tied table twice
-(the embedding's constant and XNNPACK's packed head): XNNPACK taking the constant as a run-time weight stored it once
-but repacked it on every call, SmolLM2's decode step 20.9 -> 26.5 ms (docs/architecture.md). Exporters import the
+ExecuTorch's quantized embedding op: exporters/executorch_quant.py). A tied table is the embedding's constant and
+XNNPACK's head weight, the same bytes, which the weights file stores once (before 2026-12-06 the .pte kept both;
+XNNPACK taking the constant as a run-time weight had stored it once but repacked it on every call, SmolLM2's decode
+step 20.9 -> 26.5 ms: docs/architecture.md). Exporters import the
 core only, never runtimes.
 """
 
@@ -42,6 +46,7 @@ import contextlib
 import functools
 import gc
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -63,6 +68,8 @@ from edge_spec.model.transformer import Transformer
 
 PTE_DIR = "executorch"
 PROGRAM_FILE = f"{PTE_DIR}/program.pte"
+WEIGHTS_TAG = "weights"  # every constant of the program, its delegates' included, in one named-data file
+WEIGHTS_FILE = f"{PTE_DIR}/{WEIGHTS_TAG}.ptd"
 TARGET_METHOD = "target"
 DRAFTER_METHOD = "drafter"
 
@@ -112,6 +119,13 @@ class Program(nn.Module):
                 (1, c.slots, c.num_kv_heads, c.head_dim)
             for name in ("k", "v"):
                 self.register_buffer(cache_buffer(name, c.layer), torch.zeros(shape), persistent=False)
+
+    def state_buffers(self) -> set[str]:
+        """The FQNs of the buffers the methods write in place (the KV caches, the EAGLE-3 drafter's own)."""
+        names = {cache_buffer(kind, c.layer) for c in self.layout.caches for kind in "kv"}
+        if hasattr(self, "draft"):
+            names |= {draft_buffer(kind, c.layer) for c in self.draft.caches for kind in "kv"}
+        return names
 
     def _kv_buffers(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layout.caches[i].layer
@@ -302,12 +316,25 @@ def _custom_ops() -> None:
     quantized_embedding_ops()  # quantized_decomposed::embedding_byte / _4bit (8da4w tables)
 
 
-def lower(methods: dict, constants: dict) -> bytes:
-    """XNNPACK-delegate every method and plan one shared slot per mutable buffer; returns the .pte bytes."""
+def lower(methods: dict, constants: dict, folder: Path, state: set[str]) -> bytes:
+    """XNNPACK-delegate every method and plan one shared slot per mutable buffer (`state`: their FQNs); writes the
+    weights file into `folder` (WEIGHTS_TAG + ".ptd") and returns the .pte bytes.
+
+    Every constant goes to one named-data file (WEIGHTS_FILE): the program's own constants (ExecuTorch's
+    `external_constants`) and its XNNPACK delegates' (tagged `delegate_constant_tag` before lowering), which
+    ExecuTorch's NamedDataStore stores once per distinct content. A tied table is one array that the embedding reads
+    as a program constant and the head as a delegate weight: the same bytes, stored once (in the .pte they were two
+    copies: SmolLM2's 8da4w program 28 MB more, the fp32 one 113 MB)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
+    # `state`: the KV buffers' FQNs (Program.state_buffers): written in place by one method, only read by another
+    # (the drafter), never weights
+    placeholders = {name for program in methods.values()
+                    for name, fqn in program.graph_signature.inputs_to_buffers.items() if fqn in state}
+    for program in methods.values():
+        _tag_constants(program, WEIGHTS_TAG, state)
     with warnings.catch_warnings(), quiet("torch", "torch.export", "executorch", *IMPORT_NOISE):
         warnings.simplefilter("ignore")
         edge = to_edge_transform_and_lower(methods, partitioner={name: [XnnpackPartitioner()] for name in methods},
@@ -315,8 +342,36 @@ def lower(methods: dict, constants: dict) -> bytes:
                                            constant_methods=constants)
         program = edge.to_executorch(ExecutorchBackendConfig(
             memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, share_mutable_buffers=True),
-            emit_mutable_buffer_names=True))
+            emit_mutable_buffer_names=True, external_constants=_weights_file(placeholders)))
+        program.write_tensor_data_to_file(str(folder))
+    written = sorted(p.name for p in folder.glob("*.ptd"))
+    if written != [f"{WEIGHTS_TAG}.ptd"]:
+        raise ExportError(f"executorch wrote the data files {written}, expected {WEIGHTS_TAG}.ptd alone",
+                          "report the executorch version; pip install executorch==1.5.1")
     return program.buffer
+
+
+def _weights_file(state_placeholders: set[str]):
+    """ExecutorchBackendConfig's `external_constants`: the weights file for a program constant, except the KV
+    buffers (a method that only reads them sees them as constants) and constants a view reads (ExecuTorch's emitter
+    views only constants stored in the program: a clustered head's token-ordering buffer stays in the .pte)."""
+    def tag(node) -> str | None:
+        if node.name in state_placeholders or any("view" in str(user.target) for user in node.users):
+            return None
+        return WEIGHTS_TAG
+    return tag
+
+
+def _tag_constants(program, tag: str, state: set[str]) -> None:
+    """Mark a method's constants (parameters, lifted constants, buffers no method mutates: `state` holds the FQNs
+    of those that one does) for the named-data file: XNNPACK's preprocessing reads `delegate_constant_tag` from each
+    weight's node."""
+    sig = program.graph_signature
+    constant = set(sig.inputs_to_parameters) | set(sig.inputs_to_lifted_tensor_constants) | \
+        {node for node, buffer in sig.inputs_to_buffers.items() if buffer not in state}
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in constant:
+            node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
 
 
 # ---- the bundle --------------------------------------------------------------------------------------
@@ -354,26 +409,25 @@ def _write(job: bundle.ExportJob, *, attention: str) -> tuple[dict, dict]:
             step("exporting the drafter method" + ("s (EAGLE-3: step and fc)" if eagle3 else ""))
             methods |= export_eagle3_methods(program) if eagle3 else {DRAFTER_METHOD: export_drafter_method(program)}
     step("lowering to XNNPACK and writing the .pte")
-    data = lower(methods, constant_methods(job))
+    (job.tmp / PTE_DIR).mkdir()
+    data = lower(methods, constant_methods(job), job.tmp / PTE_DIR, program.state_buffers())
     del methods, program
     gc.collect()
-    (job.tmp / PTE_DIR).mkdir()
     (job.tmp / PROGRAM_FILE).write_bytes(data)
+    del data
+    entry = functools.partial(GraphEntry, PROGRAM_FILE, job.precision, data=WEIGHTS_FILE)
     aux = len(job.aux_layers) * cfg.hidden_size
-    graphs = {"target": GraphEntry(PROGRAM_FILE, job.precision,
-                                   kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, logit_rows=True, aux_size=aux),
-                                   method=TARGET_METHOD)}
+    graphs = {"target": entry(kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, logit_rows=True, aux_size=aux),
+                              method=TARGET_METHOD)}
     if eagle3:  # its step and fc methods; its cache: the program's buffers (draft layout `state`)
         c = job.drafter.cfg
-        graphs["drafter"] = GraphEntry(PROGRAM_FILE, job.precision,
-                                       kv.eagle3_drafter_io(program_draft(job), cfg.hidden_size, c.draft_vocab_size),
-                                       method=DRAFTER_METHOD)
-        graphs[EAGLE3_FC_GRAPH] = GraphEntry(PROGRAM_FILE, job.precision, kv.eagle3_fc_io(aux, cfg.hidden_size),
-                                             method=EAGLE3_FC_GRAPH)
+        graphs["drafter"] = entry(kv.eagle3_drafter_io(program_draft(job), cfg.hidden_size, c.draft_vocab_size),
+                                  method=DRAFTER_METHOD)
+        graphs[EAGLE3_FC_GRAPH] = entry(kv.eagle3_fc_io(aux, cfg.hidden_size), method=EAGLE3_FC_GRAPH)
     elif job.drafter is not None:
         io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size, job.drafter.cfg.candidates_per_step,
                            output_table=False)
-        graphs["drafter"] = GraphEntry(PROGRAM_FILE, job.precision, io, method=DRAFTER_METHOD)
+        graphs["drafter"] = entry(io, method=DRAFTER_METHOD)
     return graphs, {}
 
 

@@ -35,8 +35,9 @@ def _torch():
     return torch
 
 
-def load_program(path: Path):
-    """The .pte as an executorch Program (custom LLM ops registered first), or a BundleError naming the file."""
+def load_program(path: Path, data: Path | None = None):
+    """The .pte (with its weights file `data`, when the program keeps its constants there) as an executorch Program
+    (custom LLM ops registered first), or a BundleError naming the file."""
     capi = sys.modules.get("edge_spec.runtimes.native_capi")
     if capi is not None and capi.loaded:
         raise ConfigError(f"cannot run {path} with the Python executorch runtime in this process: it loaded the native "
@@ -50,13 +51,16 @@ def load_program(path: Path):
     except ImportError as err:
         raise ConfigError(f"the executorch runtime is not installed ({err.name or err})",
                           "pip install executorch==1.5.1") from err
-    if not path.is_file():
-        raise BundleError(f"{path} is missing", _FIX)
+    for file in (path, data):
+        if file is not None and not file.is_file():
+            raise BundleError(f"{file} is missing", _FIX)
     try:
-        return Runtime.get().load_program(path)
+        return Runtime.get().load_program(path, data_path=data)
     except Exception as err:  # executorch raises RuntimeError / ValueError with its own error codes
-        raise BundleError(f"{path}: executorch cannot load this program ({str(err).strip()[:200] or type(err).__name__})",
-                          f"the file is not a valid .pte for this runtime; {_FIX}") from err
+        weights = f" with its weights file {data.name}" if data is not None else ""
+        raise BundleError(f"{path}: executorch cannot load this program{weights} "
+                          f"({str(err).strip()[:200] or type(err).__name__})",
+                          f"the files are not a valid .pte / .ptd pair for this runtime; {_FIX}") from err
 
 
 def _load_method(program, name: str, path: Path, n_inputs: int, n_outputs: int):
@@ -89,7 +93,7 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     """The runtime half of the executorch format (edge_spec.contract.formats). `spin` has no meaning here (XNNPACK's pool)."""
     entry = manifest.graphs["target"]
     path = folder / entry.file
-    program = load_program(path)
+    program = load_program(path, folder / entry.data if entry.data else None)
     count = set_threads(threads)
     target = _load_method(program, entry.method, path, len(entry.io.inputs), len(entry.io.outputs))
     import executorch

@@ -17,7 +17,7 @@ import pytest
 
 from edge_spec.api import load_bundle
 from edge_spec.contract.backend import Session
-from edge_spec.exporters.executorch import PROGRAM_FILE, export_bundle
+from edge_spec.exporters.executorch import PROGRAM_FILE, WEIGHTS_FILE, export_bundle
 from edge_spec.runtimes.torch import TorchBackend
 from edge_spec.contract.manifest import read_manifest
 from edge_spec.errors import ConfigError
@@ -33,15 +33,20 @@ class Constant(NamedTuple):
     dtype: int | None  # executorch ScalarType (program constants); None for delegate data (raw bytes)
     shape: tuple[int, ...] | None
     nbytes: int
+    buffer: tuple[str, int]  # (file, buffer index): constants with the same one are stored once
 
 
-def pte_constants(path: Path) -> list[Constant]:
-    """Every constant a .pte stores once: the program's constant tensors (deduplicated across methods by buffer
-    index) and the named data its delegates packed (XNNPACK's weights, keyed by content hash)."""
+def bundle_constants(folder: Path) -> list[Constant]:
+    """Every constant an ExecuTorch bundle stores: the program's constant tensors (deduplicated across methods by
+    buffer index) and the named data its delegates packed (XNNPACK's weights, keyed by content hash), in the .pte or,
+    for programs exported since 2026-12-06 night, in the weights file (exporters/executorch.py WEIGHTS_FILE), where
+    both kinds are named data: a program constant by its name with a tensor layout, a delegate's by its hash."""
+    from executorch.exir._serialize._cord import Cord
     from executorch.exir._serialize._program import deserialize_pte_binary
     from executorch.exir.schema import Tensor
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
 
-    pte = deserialize_pte_binary(path.read_bytes())
+    pte = deserialize_pte_binary((folder / PROGRAM_FILE).read_bytes())
     seen = {}
     for plan in pte.program.execution_plan:
         for value in plan.values:
@@ -49,11 +54,23 @@ def pte_constants(path: Path) -> list[Constant]:
             if isinstance(t, Tensor) and t.data_buffer_idx > 0 and t.allocation_info is None:
                 shape = tuple(t.sizes)
                 nbytes = int(np.prod(shape, dtype=np.int64)) * ELEMENT_BYTES.get(int(t.scalar_type), 4)
-                seen[t.data_buffer_idx] = Constant("program", int(t.scalar_type), shape, nbytes)
+                seen[t.data_buffer_idx] = Constant("program", int(t.scalar_type), shape, nbytes,
+                                                   ("pte", t.data_buffer_idx))
     found = list(seen.values())
     if pte.named_data is not None:
         for entry in pte.named_data.pte_data.values():
-            found.append(Constant("delegate", None, None, len(pte.named_data.buffers[entry.buffer_index])))
+            found.append(Constant("delegate", None, None, len(pte.named_data.buffers[entry.buffer_index]),
+                                  ("pte-named", entry.buffer_index)))
+    if (folder / WEIGHTS_FILE).is_file():
+        data = FlatTensorSerializer().deserialize(Cord((folder / WEIGHTS_FILE).read_bytes()))
+        for key, entry in data.named_data.items():
+            layout = entry.tensor_layout
+            nbytes = len(data.buffers[entry.buffer_index])
+            if layout is None:
+                found.append(Constant("delegate", None, None, nbytes, ("ptd", entry.buffer_index)))
+            else:
+                found.append(Constant("program", int(layout.scalar_type), tuple(layout.sizes), nbytes,
+                                      ("ptd", entry.buffer_index)))
     return found
 
 
@@ -64,20 +81,48 @@ def llama_8da4w(tiny_llama_pte_pair, tmp_path_factory):
                          max_context=64), target, drafter
 
 
-def test_8da4w_program_holds_no_fp32_table(llama_8da4w):
+def test_8da4w_program_holds_no_fp32_table_and_its_codes_once(llama_8da4w):
     """No fp32 constant with as many elements as a quarter of the table (an 8-bit table's scales are 1/H of it, a
     4-bit one's scales and zero points 1/32 each), nothing larger than an 8-bit table anywhere (program or XNNPACK
-    data), and one table of codes, which the target's embedding and the drafter's gather both read."""
+    data), and one table of codes, which the target's embedding and the drafter's gather both read and whose bytes
+    are also XNNPACK's head weight: one buffer in the weights file."""
     from edge_spec.exporters.executorch_quant import TABLE_BITS
 
     folder, target, _ = llama_8da4w
     v, h = target.config.vocab_size, target.config.hidden_size
-    constants = pte_constants(folder / PROGRAM_FILE)
+    constants = bundle_constants(folder)
     fp32 = [c for c in constants if c.where == "program" and c.dtype == FLOAT32 and c.nbytes >= v * h]
     assert not fp32, f"fp32 constants of table size: {fp32}"
     assert max(c.nbytes for c in constants) <= v * h, sorted(constants, key=lambda c: -c.nbytes)[:3]
     codes = [c for c in constants if c.where == "program" and c.shape == (v, h * TABLE_BITS // 8)]
-    assert len(codes) == 1, codes
+    assert len({c.buffer for c in codes}) == 1 and codes[0].buffer[0] == "ptd", codes  # names may differ, not bytes
+    head = [c for c in constants if c.where == "delegate" and c.buffer == codes[0].buffer]
+    assert head, "the head's XNNPACK weight is not the table's buffer: the table is stored twice"
+
+
+def test_fp32_program_stores_its_tied_table_once(tiny_llama_pte_pair):
+    """The fp32 program's tied table is the embedding's constant, XNNPACK's head weight and the drafter's scoring
+    table: one buffer of the weights file (the .pte used to hold two copies)."""
+    folder, target, _ = tiny_llama_pte_pair
+    v, h = target.config.vocab_size, target.config.hidden_size
+    constants = bundle_constants(folder)
+    tables = [c for c in constants if c.nbytes == v * h * 4]
+    kinds = {c.where for c in tables}
+    assert kinds == {"program", "delegate"} and len({c.buffer for c in tables}) == 1, tables
+
+
+def test_the_weights_file_is_listed_and_a_missing_one_is_refused(tiny_llama_pte_pair, tmp_path):
+    """Every method's manifest entry names the weights file; a bundle without it is refused naming the file."""
+    import shutil
+
+    from edge_spec.errors import BundleError
+
+    folder, _, _ = tiny_llama_pte_pair
+    assert {g.data for g in read_manifest(folder).graphs.values()} == {WEIGHTS_FILE}
+    copy = shutil.copytree(folder, tmp_path / "bundle")
+    (copy / WEIGHTS_FILE).unlink()
+    with pytest.raises(BundleError, match="weights.ptd is missing"):
+        load_bundle(copy, host_check=False)
 
 
 def test_8da4w_tables_keep_agreement_and_greedy_exactness(llama_8da4w, tmp_path):

@@ -67,17 +67,21 @@ class GraphEntry:
     # fixed-shape artifacts (formats.Format.fixed_shapes): {"lengths": {"T": entry point}, "slots": {kind: cache slots taken}};
     # the io above stays the contract's (symbolic); None: the graph takes the symbolic shapes as they are
     fixed: dict | None = None
+    # a file the entry point reads its weights from, relative to the bundle root (an ExecuTorch program's .ptd:
+    # every constant once, the program's own and its delegates'); None: `file` holds them
+    data: str | None = None
 
     def to_json(self) -> dict:
         d = {"file": self.file, "precision": self.precision,
              "inputs": [t.to_json() for t in self.io.inputs], "outputs": [t.to_json() for t in self.io.outputs]}
-        return d | ({"method": self.method} if self.method else {}) | ({"fixed": self.fixed} if self.fixed else {})
+        return d | ({"method": self.method} if self.method else {}) | ({"fixed": self.fixed} if self.fixed else {}) \
+            | ({"data": self.data} if self.data else {})
 
     @staticmethod
     def from_json(d: dict) -> "GraphEntry":
         io = GraphIO(tuple(TensorSpec.from_json(t) for t in d["inputs"]),
                      tuple(TensorSpec.from_json(t) for t in d["outputs"]))
-        return GraphEntry(d["file"], d["precision"], io, d.get("method"), d.get("fixed"))
+        return GraphEntry(d["file"], d["precision"], io, d.get("method"), d.get("fixed"), d.get("data"))
 
 
 @dataclass(frozen=True)
@@ -238,7 +242,8 @@ def _verify_files(folder: Path, m: Manifest, checksums: bool) -> None:
             raise BundleError(f"{folder / MANIFEST}: file entry {rel!r} points outside the bundle", _REEXPORT)
         if not isinstance(entry, dict) or not {"sha256", "bytes"} <= entry.keys():
             raise BundleError(f"{folder / MANIFEST}: file entry {rel!r} lacks sha256/bytes", _REEXPORT)
-    referenced = [g.file for g in m.graphs.values()] + [t.file for t in m.tables.values()] + list(m.tokenizer_files)
+    referenced = [g.file for g in m.graphs.values()] + [g.data for g in m.graphs.values() if g.data] + \
+        [t.file for t in m.tables.values()] + list(m.tokenizer_files)
     for rel in referenced:  # a file, or a folder artifact (an .mlpackage) whose files are all listed
         if rel not in m.files and not any(f.startswith(rel + "/") for f in m.files):
             raise BundleError(f"{folder / MANIFEST}: {rel} is used but has no checksum entry", _REEXPORT)

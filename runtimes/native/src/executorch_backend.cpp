@@ -335,12 +335,19 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_execut
   const GraphEntry& entry = m.graphs.at("target");
   auto program = std::make_shared<Program>();
   program->path = join_path(folder, entry.file);
-  program->module = std::make_unique<Module>(program->path, Module::LoadMode::Mmap, nullptr, nullptr, nullptr,
-                                             /*share_memory_arenas=*/true);
+  if (entry.data.empty()) {  // programs exported before 2026-12-06 night keep their constants in the .pte
+    program->module = std::make_unique<Module>(program->path, Module::LoadMode::Mmap, nullptr, nullptr, nullptr,
+                                               /*share_memory_arenas=*/true);
+  } else {  // the weights file (every constant once: exporters/executorch.py lower), memory-mapped too
+    program->module = std::make_unique<Module>(program->path, join_path(folder, entry.data), Module::LoadMode::Mmap,
+                                               nullptr, nullptr, nullptr, /*share_memory_arenas=*/true);
+  }
   auto err = program->module->load();
   if (err != executorch::runtime::Error::Ok)
-    throw bundle_error(program->path + ": executorch cannot load this program (" + error_text(err) + ")",
-                       std::string("the file is not a valid .pte for this runtime; ") + FIX);
+    throw bundle_error(program->path + ": executorch cannot load this program" +
+                           (entry.data.empty() ? "" : " with its weights file " + entry.data) + " (" +
+                           error_text(err) + ")",
+                       std::string("the files are not a valid .pte / .ptd pair for this runtime; ") + FIX);
   const int count = set_threads(threads);
   load_method(*program, entry.method, entry.io.inputs.size(), entry.io.outputs.size());
   std::string identity =

@@ -64,6 +64,7 @@ GraphEntry graph_from_json(const Json& d) {
     }
   }
   if (d.has("method") && !d.at("method").is_null()) g.method = d.at("method").as_string();
+  if (d.has("data") && !d.at("data").is_null()) g.data = d.at("data").as_string();
   return g;
 }
 
@@ -133,7 +134,10 @@ void verify_files(const std::string& folder, const Manifest& m, bool checksums) 
       if (part == "..") throw bundle_error(manifest_path + ": file entry '" + rel + "' points outside the bundle", REEXPORT);
   }
   std::vector<std::string> referenced;
-  for (const auto& g : m.graphs) referenced.push_back(g.second.file);
+  for (const auto& g : m.graphs) {
+    referenced.push_back(g.second.file);
+    if (!g.second.data.empty()) referenced.push_back(g.second.data);
+  }
   for (const auto& t : m.tables) referenced.push_back(t.second);
   for (const auto& t : m.tokenizer_files) referenced.push_back(t);
   for (const auto& rel : referenced) {  // a file, or a folder artifact (an .mlpackage) whose files are all listed

@@ -31,6 +31,7 @@ struct GraphEntry {
   std::string precision;
   GraphIO io;
   std::string method;  // the entry point inside `file` (ExecuTorch method); "" for the file itself
+  std::string data;    // a file the entry point reads its weights from (an ExecuTorch .ptd); "": `file` holds them
 };
 
 // The drafter kinds (edge_spec/contract/manifest.py MTP, EAGLE3; contract_names.h): contract::DRAFTER_MTP reads the

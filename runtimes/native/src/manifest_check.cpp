@@ -77,6 +77,7 @@ void check_graph(const Fields& f, const Json& g, const std::string& at) {
   f.string(g, "file", at + ".file");
   f.string(g, "precision", at + ".precision");
   f.string(g, "method", at + ".method", /*nullable=*/true);
+  f.string(g, "data", at + ".data", /*nullable=*/true);
   for (const char* role : {"inputs", "outputs"}) {
     const std::string list = at + "." + role;
     const auto& specs = f.array(g, role, list, "a list of tensors").as_array();
