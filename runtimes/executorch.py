@@ -19,7 +19,7 @@ import numpy as np
 
 from edge_spec.contract import kv
 from edge_spec.contract.backend import DraftStep, StepOutput
-from edge_spec.contract.eagle3_rows import AuxRecord, Eagle3Rows
+from edge_spec.contract.eagle3_rows import Eagle3Drafting
 from edge_spec.contract.manifest import EAGLE3, EAGLE3_FC_GRAPH
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.contract.kv import KVLayout
@@ -194,7 +194,7 @@ class ExecutorchDrafter:
         return DraftStep(ids.numpy().copy(), logits.numpy().copy(), nxt[0, 0].numpy().copy())
 
 
-class ExecutorchEagle3Drafter:
+class ExecutorchEagle3Drafter(Eagle3Drafting):
     """DrafterBackend over an eagle3 program's `drafter` (step) and `drafter_fc` methods: the drafter's cache is the
     program's own buffers (draft layout `state`), which the step method writes at each row's slot, position - 1; which
     rows a step runs: edge_spec/contract/eagle3_rows.py (runtimes/ort_eagle3.py is the `io` twin). A burst's first
@@ -203,14 +203,8 @@ class ExecutorchEagle3Drafter:
     def __init__(self, step_method, fc_method, target: ExecutorchBackend, draft: KVLayout):
         if not target.aux_width:
             raise BundleError(f"the target method returns no {kv.AUX_HIDDEN}, which an eagle3 drafter reads", _FIX)
+        super().__init__(target, draft.max_context)  # slots: max_context + 1
         self.method, self.fc, self.draft = step_method, fc_method, draft
-        self.record = target.aux_sink = AuxRecord(target.layout.max_context, target.aux_width)
-        self.rows = Eagle3Rows(self.record, draft.max_context)  # slots: max_context + 1
-        self.kernel_s = 0.0
-
-    def begin(self, position: int, masks, n_cached: int) -> None:
-        """A burst after the target's committed positions [0, position); the target's masks are unused."""
-        self.rows.begin(position)
 
     def step(self, token: int, hidden: np.ndarray) -> DraftStep:
         rows = self.rows.next(token)

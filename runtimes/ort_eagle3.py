@@ -21,7 +21,7 @@ import numpy as np
 
 from edge_spec.contract import kv
 from edge_spec.contract.backend import DraftStep
-from edge_spec.contract.eagle3_rows import AuxRecord, Eagle3Rows
+from edge_spec.contract.eagle3_rows import Eagle3Drafting
 from edge_spec.errors import BundleError
 from edge_spec.runtimes.io_caches import BUCKET, IoCaches
 
@@ -32,7 +32,7 @@ def draft_layout(manifest_layout: kv.KVLayout, max_context: int) -> kv.KVLayout:
     return kv.KVLayout(tuple(replace(c, slots=slots) for c in manifest_layout.caches), slots)
 
 
-class OrtEagle3Drafter:
+class OrtEagle3Drafter(Eagle3Drafting):
     """DrafterBackend over an eagle3 bundle's step and fc graphs, beside the OrtBackend whose passes it records."""
 
     def __init__(self, step_session, fc_session, target, draft: kv.KVLayout, tables: dict | None = None):
@@ -42,16 +42,10 @@ class OrtEagle3Drafter:
         if not target.aux_width:
             raise BundleError(f"the target graph has no {kv.AUX_HIDDEN} output, which an eagle3 drafter reads",
                               "re-export the bundle with this edge-spec (edge-spec export --drafter EAGLE3_FOLDER)")
+        super().__init__(target, draft.max_context)  # slots: max_context + 1
         self.session, self.fc = step_session, fc_session
-        self.record = target.aux_sink = AuxRecord(target.layout.max_context, target.aux_width)
         self.draft, self.tables = draft, dict(tables or {})
         self.caches = IoCaches(draft, BUCKET)
-        self.rows = Eagle3Rows(self.record, draft.max_context)  # slots: max_context + 1
-        self.kernel_s = 0.0
-
-    def begin(self, position: int, masks, n_cached: int) -> None:
-        """A burst after the target's committed positions [0, position); the target's masks are unused."""
-        self.rows.begin(position)
 
     def step(self, token: int, hidden: np.ndarray) -> DraftStep:
         rows = self.rows.next(token)

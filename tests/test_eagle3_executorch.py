@@ -22,9 +22,8 @@ from edge_spec.contract.manifest import EAGLE3, read_manifest
 from edge_spec.decoding.generate import generate_plain
 from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import accept_all, generate_speculative
-from edge_spec.loading import checkpoints
 from edge_spec.runtimes.torch_eagle3 import eagle3_pair
-from tests.test_eagle3_onnx import with_target_table
+from tests.test_eagle3_onnx import target, with_target_table  # noqa: F401 (the tiny llama target fixture)
 from tests.test_eagle3_speculative import drafter_for
 from tests.test_native import native  # noqa: F401 (the build fixture)
 from tests.test_native_eagle3 import ids_flag, serve
@@ -38,11 +37,6 @@ FORMS = {"fp32+target-table": "fp32", "8da4w+own-table": "8da4w"}
 @pytest.fixture(autouse=True)
 def host_check_cache(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path_factory.getbasetemp() / "eagle3-pte-cache"))
-
-
-@pytest.fixture(scope="module")
-def target(tiny_llama):
-    return checkpoints.load(str(tiny_llama[0]))
 
 
 @pytest.fixture(scope="module", params=list(FORMS))

@@ -82,3 +82,18 @@ class Eagle3Rows:
             self.tokens[0] = self.record.ids[0]
             self.tokens[rows.s + 1:rows.s + 1 + t] = rows.ids
             self.committed = self.used
+
+
+class Eagle3Drafting:
+    """What every runtime's eagle3 DrafterBackend shares: an AuxRecord fed by the target backend's `aux_sink` (after
+    each pass: ids [T], positions [T], aux rows [T, aux_width]), the rows bookkeeping over a cache of `slots`, and
+    `begin`. Subclasses run their graphs in `step`."""
+
+    def __init__(self, target, slots: int):
+        self.record = target.aux_sink = AuxRecord(target.layout.max_context, target.aux_width)
+        self.rows = Eagle3Rows(self.record, slots)
+        self.kernel_s = 0.0
+
+    def begin(self, position: int, masks, n_cached: int) -> None:
+        """A burst after the target's committed positions [0, position); the target's masks are unused."""
+        self.rows.begin(position)
