@@ -23,7 +23,7 @@ from edge_spec.decoding.generate import generate_plain
 from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import accept_all, generate_speculative
 from edge_spec.runtimes.torch_eagle3 import eagle3_pair
-from tests.test_eagle3_onnx import target, with_target_table  # noqa: F401 (the tiny llama target fixture)
+from tests.test_eagle3_onnx import spec_equals_plain, target, with_target_table  # noqa: F401 (target: a fixture)
 from tests.test_eagle3_speculative import drafter_for
 from tests.test_native import native  # noqa: F401 (the build fixture)
 from tests.test_native_eagle3 import ids_flag, serve
@@ -76,12 +76,7 @@ def test_greedy_speculative_equals_plain_and_drafts_as_eager(exported, target):
     for k in (1, 2, 4):
         for seed in range(2):  # a second prompt: the drafter's rows of the first are dropped
             prompt = _prompt(seed + 10 * k)
-            plain = engine.generate(prompt, max_new_tokens=30, speculative=False)
-            spec = engine.generate(prompt, max_new_tokens=30, speculative=True, allow_inexact=True, lookup=False,
-                                   spec_k=k, adaptive=False)
-            assert spec.tokens == plain.tokens
-            stats = spec.extra["spec"]
-            assert stats.drafter_calls > 0 and stats.drafted.sum() > 0
+            plain, stats = spec_equals_plain(engine, prompt, k)
             if precision != "fp32":
                 continue
             ref = generate_speculative(Session(eager_backend), eager_drafter, prompt, max_new_tokens=30,

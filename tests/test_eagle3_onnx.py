@@ -119,6 +119,18 @@ def test_exported_graphs_match_the_eager_drafter(exported):
         assert np.abs(out[3] - ref.new_k[0].numpy()).max() < 1e-4 and np.abs(out[4] - ref.new_v[0].numpy()).max() < 1e-4
 
 
+def spec_equals_plain(engine, prompt: list[int], k: int):
+    """Greedy speculative at a fixed k == plain greedy (30 tokens, no retrieval), the drafter having drafted;
+    returns (the plain result, the speculative run's stats)."""
+    plain = engine.generate(prompt, max_new_tokens=30, speculative=False)
+    spec = engine.generate(prompt, max_new_tokens=30, speculative=True, allow_inexact=True, lookup=False, spec_k=k,
+                           adaptive=False)
+    assert spec.tokens == plain.tokens
+    stats = spec.extra["spec"]
+    assert stats.drafter_calls > 0 and stats.drafted.sum() > 0
+    return plain, stats
+
+
 def test_greedy_speculative_through_ort_equals_plain_and_drafts_as_eager(exported, target):
     folder, drafter = exported
     engine = load_bundle(folder, host_check=False)
@@ -128,12 +140,7 @@ def test_greedy_speculative_through_ort_equals_plain_and_drafts_as_eager(exporte
     for k in (1, 2, 4):
         for seed in range(2):  # a second prompt: the drafter's rows of the first are dropped
             prompt = [int(i) for i in np.random.default_rng(seed + 10 * k).integers(4, 320, 12)]
-            plain = engine.generate(prompt, max_new_tokens=30, speculative=False)
-            spec = engine.generate(prompt, max_new_tokens=30, speculative=True, allow_inexact=True, lookup=False,
-                                   spec_k=k, adaptive=False)
-            assert spec.tokens == plain.tokens
-            stats = spec.extra["spec"]
-            assert stats.drafter_calls > 0 and stats.drafted.sum() > 0
+            plain, stats = spec_equals_plain(engine, prompt, k)
             ref = generate_speculative(eager, eager_drafter, prompt, max_new_tokens=30, params=SamplingParams(),
                                        rng=np.random.default_rng(0), stop_ids=engine.stop_ids, k=k,
                                        vocab_size=target.config.vocab_size, lookup=False, adaptive=False)
