@@ -63,7 +63,7 @@ def linear_key(weight: np.ndarray) -> tuple[int, bytes]:
 def linear_input_stats(target: LoadedModel) -> dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]]:
     """Per Linear of the target (by `linear_key`): each input channel's mean and mean square, [K] float64 each, over
     the bench prompts' tokens in eager fp32 - what the int4 grid fit weighs rounding errors by
-    (exporters/onnx_passes.fit_zero_point_grid)."""
+    (exporters/grid_fit: the ONNX int4 and ExecuTorch 8da4w grids)."""
     import torch
 
     from edge_spec.runtimes.torch import TorchBackend  # the reference runtime (imports torch-side modules)

@@ -31,9 +31,11 @@ methods it loaded: load both once, never run two at once).
 Files: the program (`executorch/program.pte`: methods, delegate graphs, no weights) and every constant once in
 `executorch/weights.ptd` (ExecuTorch's named data, the manifest entries' `data`; `lower`).
 
-Precisions: fp32, and 8da4w (int8 per-token dynamic activations x int4 weights in groups of 32 whose codes keep each
-block's min and max exact; the output head 8-bit per row, and the vocabulary table as the head's codes, read by
-ExecuTorch's quantized embedding op: exporters/executorch_quant.py). A tied table is the embedding's constant and
+Precisions: fp32; 8da4w (int8 per-token dynamic activations x XNNPACK's symmetric int4 weights in groups of 32,
+each block's bf16 scale fitted to the bench prompts' activations and the rounding's mean shift folded into a bias);
+8da4w-gguf (the same kernels, codes that keep each block's min and max exact + an fp32 block-offset term: a GGUF's
+Q4_1 codes bit for bit, ~13 MB more for SmolLM2 and a slower step). Both: the output head 8-bit per row, and the
+vocabulary table as the head's codes, read by ExecuTorch's quantized embedding op (exporters/executorch_quant.py). A tied table is the embedding's constant and
 XNNPACK's head weight, the same bytes, which the weights file stores once (before 2026-12-06 the .pte kept both;
 XNNPACK taking the constant as a run-time weight had stored it once but repacked it on every call, SmolLM2's decode
 step 20.9 -> 26.5 ms: docs/architecture.md). Exporters import the
@@ -58,7 +60,9 @@ from edge_spec.contract.bundle import COMMON_STEPS
 from edge_spec.model.drafter import Drafter
 from edge_spec.model.eagle3 import Eagle3Drafter
 from edge_spec.errors import ConfigError, ExportError
-from edge_spec.exporters.executorch_quant import output_table, quantize_8da4w, quantize_tables, quantized_embedding_ops
+from edge_spec.exporters.calibration import linear_input_stats
+from edge_spec.exporters.executorch_quant import (GRID_NATIVE, PRECISION_GRIDS, output_table, quantize_8da4w,
+                                                  quantize_tables, quantized_embedding_ops)
 from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.contract.manifest import EAGLE3_FC_GRAPH, GraphEntry
 from edge_spec.model.attention import attend_slots
@@ -397,9 +401,14 @@ def _write(job: bundle.ExportJob, *, attention: str) -> tuple[dict, dict]:
     _custom_ops()
     eagle3 = isinstance(job.drafter, Eagle3Drafter)
     program = Program(job.target.model, layout, job.drafter, job.sources, attention, job.aux_layers).eval()
-    if job.precision == "8da4w":
-        step("quantizing (8da4w: int8 dynamic activations, int4 weights in groups of 32)")
-        program = _quantized_copy(program)
+    grid = PRECISION_GRIDS.get(job.precision)
+    if grid is not None:
+        stats = None
+        if grid == GRID_NATIVE:
+            step("calibrating the int4 grid (the target's Linear inputs over the bench prompts, eager fp32)")
+            stats = linear_input_stats(job.target)
+        step(f"quantizing ({job.precision}: int8 dynamic activations, int4 weights in groups of 32)")
+        program = _quantized_copy(program, grid, stats)
     else:
         step("preparing the program (fp32)")
     step("exporting the target method")
@@ -436,23 +445,24 @@ def program_draft(job: bundle.ExportJob) -> kv.KVLayout:
     return bundle.eagle3_layout(job.drafter.cfg, job.layout.max_context, job.layout)
 
 
-def _quantized_copy(program: Program) -> Program:
+def _quantized_copy(program: Program, grid: str, stats: dict | None) -> Program:
     """A deep copy with every Linear quantized (the caller's models stay fp32). The target's sibling projections of
     one input (q/k/v, gate/up) are packed into one Linear first (`pack_modules`): per layer XNNPACK then runs 4 int4
-    GEMMs and 4 block-offset terms instead of 7 and 7 (docs/benchmarks.md, "ExecuTorch 8da4w profile")."""
+    GEMMs (the gguf grid: and 4 block-offset terms) instead of 7 (docs/benchmarks.md, "ExecuTorch 8da4w profile").
+    `grid`: executorch_quant.GRID_NATIVE (fitted to `stats`, exporters/calibration.linear_input_stats) or GRID_GGUF."""
     import copy
 
     clone = copy.deepcopy(program)
     if pack_modules(clone.target):
         clone.ops = PACKED_SPELLED_GELU
     weight = clone.target.lm_head.weight  # [V, H] fp32, maybe the embedding's (tied)
-    quantize_8da4w(clone.target, head="lm_head")  # the head: TABLE_BITS codes
+    quantize_8da4w(clone.target, head="lm_head", grid=grid, stats=stats)  # the head: TABLE_BITS codes
     # the embedding(s) -> integer codes (a tied one: the head's codes): no fp32 table left
     tables = quantize_tables(clone.target, head=clone.target.lm_head, tied=weight)
     if isinstance(clone.drafter, Eagle3Drafter):  # fc, its layer and its draft-vocabulary head: 4-bit Linears
-        quantize_8da4w(clone.drafter)
-    elif clone.drafter is not None:
-        quantize_8da4w(clone.drafter, skip=("lm_head", "masked_embedding.centroids"))  # tables / 1-D inputs
+        quantize_8da4w(clone.drafter, grid=grid)
+    elif clone.drafter is not None:  # tables / 1-D inputs stay as they are
+        quantize_8da4w(clone.drafter, skip=("lm_head", "masked_embedding.centroids"), grid=grid)
     if hasattr(clone, "head_table"):  # the drafter gathers rows of the target's table: the quantized one
         del clone.head_table
         clone.head_table = tables[id(weight)] if id(weight) in tables else output_table(clone.target.lm_head, weight)

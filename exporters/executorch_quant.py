@@ -15,6 +15,7 @@ so the table's codes are stored twice (the program's constant and XNNPACK's pack
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -144,20 +145,85 @@ def output_table(head: nn.Module, weight: torch.Tensor) -> QuantizedTable:
     return QuantizedTable.from_int8(*shared) if shared is not None else QuantizedTable.from_table(weight)
 
 
+# the 8da4w grids (--quant 8da4w | 8da4w-gguf): XNNPACK's own symmetric int4 with scales fitted to the calibration
+# prompts' activations, or the GGUF-exact split with its block-offset term (edge_spec.exporters.exact_int4)
+GRID_NATIVE, GRID_GGUF = "native", "gguf"
+PRECISION_GRIDS = {"8da4w": GRID_NATIVE, "8da4w-gguf": GRID_GGUF}
+
+
+def symmetric_linear(linear: nn.Linear, stats: tuple[np.ndarray, np.ndarray] | None,
+                     group: int = QUANT_GROUP, bias_correction: bool = True) -> nn.Linear:
+    """`linear` as int8 per-token dynamic activations x symmetric int4 codes (-8..7) with a bf16 scale per block of
+    `group` inputs (XNNPACK's qd8-f32-qb4w), each block's scale fitted (exporters/grid_fit.fit_symmetric_grid) to
+    `stats` (its inputs' mean and mean square [K], exporters/calibration.linear_input_stats) or, without them, to
+    plain squared error. With stats and `bias_correction`, the rounding's expected output shift (W - Q) @ mean is
+    added to the bias (SmolLM2, eager, top-1 vs fp32 on the held-out everyday answers: 0.740 -> 0.760,
+    `scripts/et_quant_variants.py --variants native+head8 native_bias+head8`)."""
+    from torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor import (
+        IntxUnpackedToInt8Tensor, IntxUnpackedToInt8TensorActivationQuantization)
+
+    from edge_spec.exporters.grid_fit import fit_symmetric_grid
+
+    n, k = linear.weight.shape
+    wt = linear.weight.detach().float().numpy().reshape(n, k // group, group)  # [N, kb, B]
+    if stats is None:
+        mean, var = np.zeros((k // group, group)), np.ones((k // group, group))
+    else:
+        mean = np.asarray(stats[0], np.float64).reshape(k // group, group)
+        var = np.maximum(np.asarray(stats[1], np.float64).reshape(k // group, group) - mean * mean, 0)
+    scales, codes = fit_symmetric_grid(wt, mean, var)  # [N, kb] fp32 (bf16 values), [N, kb, B] int8
+    shift = None
+    if bias_correction and stats is not None:  # the rounding's expected output shift, (W - Q) @ mean, as a bias
+        deq = (codes.astype(np.float64) * scales[..., None]).reshape(n, k)
+        shift = torch.from_numpy(((wt.reshape(n, k) - deq) @ mean.reshape(k)).astype(np.float32))
+    out = nn.Linear(k, n, bias=linear.bias is not None or shift is not None)
+    out.weight = nn.Parameter(IntxUnpackedToInt8Tensor(
+        torch.from_numpy(codes.reshape(n, k)), torch.from_numpy(scales), torch.zeros(n, k // group, dtype=torch.int8),
+        torch.int4, (1, group), torch.float32, IntxUnpackedToInt8TensorActivationQuantization.INT8_ASYM_PER_TOKEN),
+        requires_grad=False)
+    if out.bias is not None:
+        bias = linear.bias.detach().clone() if linear.bias is not None else torch.zeros(n)
+        out.bias = nn.Parameter(bias + (shift if shift is not None else 0), requires_grad=False)
+    return out
+
+
+def swap_symmetric(module: nn.Module, keep, stats: dict | None, group: int = QUANT_GROUP,
+                   bias_correction: bool = True) -> int:
+    """Replace every nn.Linear `keep(fqn, linear)` accepts by its `symmetric_linear`, in place, each fitted to the
+    statistics `stats` holds for it (keyed by exporters/calibration.linear_key; none: plain squared error); returns
+    how many."""
+    from edge_spec.exporters.calibration import linear_key
+
+    count = 0
+    for parent_name, parent in list(module.named_modules()):
+        for name, child in list(parent.named_children()):
+            fqn = f"{parent_name}.{name}" if parent_name else name
+            if isinstance(child, nn.Linear) and keep(fqn, child):
+                found = (stats or {}).get(linear_key(child.weight.detach().float().numpy()))
+                setattr(parent, name, symmetric_linear(child, found, group, bias_correction))
+                count += 1
+    return count
+
+
 def quantize_8da4w(module: nn.Module, skip: tuple[str, ...] = (), head: str | None = None,
-                   head_bits: int = TABLE_BITS) -> None:
+                   head_bits: int = TABLE_BITS, grid: str = GRID_NATIVE, stats: dict | None = None) -> None:
     """int8 per-token dynamic activations x int4 weights in groups of 32 on every Linear whose input width is a
-    multiple of 32, in place: the codes keep each block's min and max exact (edge_spec.exporters.exact_int4: symmetric int4
-    for XNNPACK + an fp32 block-offset term; SmolLM2's Q4_1 weights come back bit-exact). The output head `head`
-    gets the same 4-bit codes (`head_bits` 4, what its quantized table holds), or int8 weights per channel
-    (`head_bits` 8, torchao 8da8w). Narrower Linears (tiny test models' per-layer inputs) stay fp32, and so do the
-    modules named in `skip` (a drafter's lm_head, which its head reads as a table: gathered rows, not a Linear
-    call; its centroid scorer, called on one vector, which XNNPACK's dynamic-quant lowering does not take)."""
+    multiple of 32, in place, on one of two grids: `native` (XNNPACK's symmetric int4, each block's bf16 scale
+    fitted to `stats`, `swap_symmetric`: no extra term) or `gguf` (codes that keep each block's min and max exact:
+    symmetric int4 + an fp32 block-offset term, edge_spec.exporters.exact_int4; SmolLM2's Q4_1 codes come back
+    bit-exact). The output head `head` gets the same 4-bit codes (`head_bits` 4, what its quantized table holds),
+    or int8 weights per channel (`head_bits` 8, torchao 8da8w). Narrower Linears (tiny test models' per-layer
+    inputs) stay fp32, and so do the modules named in `skip` (a drafter's lm_head, which its head reads as a table:
+    gathered rows, not a Linear call; its centroid scorer, called on one vector, which XNNPACK's dynamic-quant
+    lowering does not take)."""
     with quiet(*IMPORT_NOISE):
         from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
         from torchao.quantization.granularity import PerAxis
 
         from edge_spec.exporters.exact_int4 import swap_linears
+
+    if grid not in (GRID_NATIVE, GRID_GGUF):
+        raise ExportError(f"unknown 8da4w grid {grid!r}", f"use {GRID_NATIVE!r} or {GRID_GGUF!r}")
 
     def eligible(fqn: str, m: nn.Module) -> bool:
         return isinstance(m, nn.Linear) and m.in_features % QUANT_GROUP == 0 and fqn not in skip
@@ -165,4 +231,8 @@ def quantize_8da4w(module: nn.Module, skip: tuple[str, ...] = (), head: str | No
     if head is not None and head_bits == 8:
         config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
         quantize_(module, config, filter_fn=lambda m, fqn: fqn == head and eligible(fqn, m))
-    swap_linears(module, lambda fqn, m: (fqn != head or head_bits == 4) and eligible(fqn, m), QUANT_GROUP)
+    keep = lambda fqn, m: (fqn != head or head_bits == 4) and eligible(fqn, m)  # noqa: E731
+    if grid == GRID_NATIVE:
+        swap_symmetric(module, keep, stats, QUANT_GROUP)
+    else:
+        swap_linears(module, keep, QUANT_GROUP)

@@ -16,6 +16,7 @@ import onnx
 from onnx import numpy_helper
 
 from edge_spec.contract import kv
+from edge_spec.exporters.grid_fit import fit_zero_point_grid
 from edge_spec.contract.formats import FORMATS, check_precision
 from edge_spec.errors import ExportError
 from edge_spec.logs import quiet
@@ -106,46 +107,6 @@ class Blocks(NamedTuple):
 def _pack4(q: np.ndarray) -> np.ndarray:
     """[..., 2m] values in 0..15 -> [..., m] uint8, the first of each pair in the low nibble."""
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
-
-
-SCALE_STEPS = np.linspace(0.85, 1.15, 13)  # the fit's scales, x the round-to-nearest one
-ZERO_STEPS = (-1, 0, 1)  # ... and zero points around each scale's nearest one
-FIT_ROWS = 4096  # output columns fitted at once (memory: ~ rows x K x 4 bytes per temporary)
-
-
-def fit_zero_point_grid(wt: np.ndarray, mean: np.ndarray, var: np.ndarray, bits: int
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """The zero-point grid per block that minimises the expected squared output error: wt [N, kb, B] (blocks of one
-    output column), the input channels' mean and variance [kb, B]. Searches scale x SCALE_STEPS and zero point +
-    ZERO_STEPS around round-to-nearest and keeps, per block, the grid whose rounding error e has the least
-        E[(x . e)^2] ~= sum_i var_i e_i^2 + (sum_i mean_i e_i)^2
-    (diagonal covariance plus the mean): a grid that shifts a whole block one way (what re-quantizing a Q4_1 block
-    onto an integer zero point does) is charged for the block's mean activation times that shift. Returns (scale
-    [N, kb] float32, zero point [N, kb] uint8)."""
-    levels = 2 ** bits - 1
-    v, mu = var[None].astype(np.float32), mean[None].astype(np.float32)  # [1, kb, B]
-    best_scale = np.empty(wt.shape[:2], np.float32)
-    best_zero = np.empty(wt.shape[:2], np.uint8)
-    for r0 in range(0, wt.shape[0], FIT_ROWS):
-        w = wt[r0:r0 + FIT_ROWS]
-        lo, hi = np.minimum(w.min(-1), 0), np.maximum(w.max(-1), 0)
-        base = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
-        cost = np.full(w.shape[:2], np.inf, np.float32)
-        scale_out, zero_out = base.copy(), np.zeros(w.shape[:2], np.float32)
-        for f in SCALE_STEPS:
-            sc = (base * np.float32(f)).astype(np.float32)
-            z0 = np.rint(-lo / sc)
-            for dz in ZERO_STEPS:
-                z = np.clip(z0 + dz, 0, levels).astype(np.float32)
-                q = np.clip(np.rint(w / sc[..., None]) + z[..., None], 0, levels)
-                e = (q - z[..., None]) * sc[..., None] - w  # [rows, kb, B]
-                c = (v * e * e).sum(-1) + (mu * e).sum(-1) ** 2
-                better = c < cost
-                cost = np.where(better, c, cost)
-                scale_out = np.where(better, sc, scale_out)
-                zero_out = np.where(better, z, zero_out)
-        best_scale[r0:r0 + FIT_ROWS], best_zero[r0:r0 + FIT_ROWS] = scale_out, zero_out
-    return best_scale, best_zero.astype(np.uint8)
 
 
 def quantize_blocks(w: np.ndarray, bits: int, block: int = QUANT_BLOCK, *, grid: str = SYMMETRIC,

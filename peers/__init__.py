@@ -18,6 +18,14 @@ LLAMA_CPP_QUANTS = ("f32", "q8_0", "q4_0", "q4_1")  # what llama.cpp's own quant
 NAMES = ("llama.cpp", "onnxruntime-genai", "executorch")
 
 
+def genai_precision(bundle_precision: str) -> str:
+    """The onnxruntime-genai precision a bundle's is compared with: its family (int4-gguf: int4), the weights' bits
+    for ExecuTorch's 8da4w[-gguf] (int4), fp32 for fp16 and anything genai does not build."""
+    family = bundle_precision.split("-")[0]
+    family = {"8da4w": "int4"}.get(family, family)
+    return family if family in GENAI_PRECISIONS else "fp32"
+
+
 def add_arguments(bench: argparse.ArgumentParser) -> None:
     """`edge-spec bench`'s peer options."""
     bench.add_argument("--peer", action="append", choices=list(NAMES),
@@ -63,10 +71,7 @@ def from_args(args: argparse.Namespace, engine) -> list:
         from .genai import OrtGenaiPeer, genai_model
 
         source = target_folder(engine)
-        precision = engine.manifest.precision if engine.manifest else "fp32"
-        # the bundle's precision family (int4-gguf: int4), fp32 for fp16
-        family = precision.split("-")[0]
-        precisions = args.genai_precision or [family if family in GENAI_PRECISIONS else "fp32"]
+        precisions = args.genai_precision or [genai_precision(engine.manifest.precision if engine.manifest else "fp32")]
         runners += [IsolatedPeer(OrtGenaiPeer, genai_model(source, p, cache), threads=args.threads, precision=p)
                     for p in precisions]
     if "executorch" in wanted:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -59,11 +60,26 @@ VARIANTS = {
     "exact+head8": [("w8", lambda m, f: f == "lm_head"),  # what exporters/executorch.quantize_8da4w does
                     ("exact", lambda f, m: m.in_features % 32 == 0 and f != "lm_head")],
     "8da8w": [("w8", linear)],
+    # XNNPACK's symmetric int4, bf16 scales fitted to the bench prompts' activations (exporters/executorch_quant.
+    # swap_symmetric), the head 8da8w; native_bias: + the rounding's mean shift as a bias (--quant 8da4w since
+    # 2026-12-06); native_rtn: round-to-nearest scales
+    "native+head8": [("w8", lambda m, f: f == "lm_head"),
+                     ("native", lambda f, m: m.in_features % 32 == 0 and f != "lm_head")],
+    "native_bias+head8": [("w8", lambda m, f: f == "lm_head"),
+                          ("native_bias", lambda f, m: m.in_features % 32 == 0 and f != "lm_head")],
+    # the ONNX int4 grid (exporters/onnx_passes.quantize_blocks, zero points fitted to the same statistics), weights
+    # only (dequantized in place: fp32 activations); _bias: + the ET grid's bias correction
+    "onnx_int4": [("onnx_int4", linear)],
+    "onnx_int4_bias": [("onnx_int4_bias", linear)],
+    "native_rtn+head8": [("w8", lambda m, f: f == "lm_head"),
+                         ("native_rtn", lambda f, m: m.in_features % 32 == 0 and f != "lm_head")],
 }
 
 
-def quantized(model, steps):
+def quantized(model, steps, stats=None):
     from torchao.quantization import quantize_
+
+    from edge_spec.exporters.executorch_quant import swap_symmetric
 
     q = copy.deepcopy(model)
     if q.cfg.tie_word_embeddings:  # quantize the head without touching the embedding
@@ -72,9 +88,38 @@ def quantized(model, steps):
     for name, keep in steps:
         if name == "exact":
             swap_linears(q, keep)
+        elif name in ("onnx_int4", "onnx_int4_bias"):
+            zero_point_in_place(q, keep, stats, name.endswith("_bias"))
+        elif name in ("native", "native_bias", "native_rtn"):
+            swap_symmetric(q, keep, stats if name != "native_rtn" else None, bias_correction=name == "native_bias")
         else:
             quantize_(q, made[name](), filter_fn=keep)
     return q
+
+
+def zero_point_in_place(model, keep, stats, bias: bool) -> None:
+    """Every Linear `keep` accepts -> its weight on the ONNX int4 grid (dequantized), fitted to `stats`; with `bias`,
+    plus (W - Q) @ mean as a bias."""
+    from edge_spec.exporters.calibration import linear_key
+    from edge_spec.exporters.onnx_passes import ZERO_POINT, quantize_blocks
+
+    for fqn, m in list(model.named_modules()):
+        if not (isinstance(m, nn.Linear) and keep(m, fqn)):
+            continue
+        w = m.weight.detach().float().numpy()  # [N, K]
+        st = stats.get(linear_key(w))
+        b = quantize_blocks(w.T.copy(), 4, grid=ZERO_POINT, stats=st)
+        n, k = w.shape
+        kb = k // 32
+        codes = np.stack([b.codes & 15, b.codes >> 4], -1).reshape(n, kb, 32).astype(np.float32)
+        z = b.zero_points.reshape(n, -1)
+        zero = np.stack([z & 15, z >> 4], -1).reshape(n, -1)[:, :kb].astype(np.float32)
+        deq = ((codes - zero[..., None]) * b.scales.reshape(n, kb)[..., None]).reshape(n, k)
+        shift = (w - deq).astype(np.float64) @ np.asarray(st[0], np.float64) if bias and st is not None else None
+        m.weight = nn.Parameter(torch.from_numpy(deq.astype(np.float32)), requires_grad=False)
+        if shift is not None:
+            m.bias = nn.Parameter(torch.from_numpy(shift.astype(np.float32)) + (m.bias if m.bias is not None else 0),
+                                  requires_grad=False)
 
 
 def logits_of(model, ids: list[int]) -> np.ndarray:  # [T, V], one causal pass, no cache
@@ -88,23 +133,44 @@ def logits_of(model, ids: list[int]) -> np.ndarray:  # [T, V], one causal pass, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("fp32_bundle", help="an fp32 bundle of the same model: its greedy continuations are the sequences")
+    ap.add_argument("fp32_bundle", nargs="?", help="an fp32 bundle of the same model: its greedy continuations are the "
+                    "sequences (default: eager fp32's own, one full pass per token)")
+    ap.add_argument("--prompts", default=DEFAULT_PROMPTS, help="JSONL prompts (default: the bench prompts, which the "
+                    "native grid is calibrated on; edge_spec/assets/prompts/heldout_everyday.jsonl is held out)")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--sequences", help="a JSON file of the teacher-forced sequences: read if it exists, else written")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    engine = load_bundle(args.fp32_bundle, threads=args.threads, host_check=False)
+    loaded = checkpoints.load("smollm2-135m")
+    model = loaded.model
     seqs = []
-    for p in read_prompts(DEFAULT_PROMPTS):
-        ids = engine.encode(p["prompt"], chat=p["chat"])
-        out = engine.generate(ids, max_new_tokens=args.max_new_tokens, speculative=False)
-        seqs.append((len(ids), ids + out.tokens[:-1]))
-    del engine
-    model = checkpoints.load("smollm2-135m").model
+    if args.sequences and Path(args.sequences).is_file():
+        seqs = [tuple(x) for x in json.loads(Path(args.sequences).read_text())]
+    elif args.fp32_bundle:
+        engine = load_bundle(args.fp32_bundle, threads=args.threads, host_check=False)
+        for p in read_prompts(args.prompts):
+            ids = engine.encode(p["prompt"], chat=p["chat"])
+            out = engine.generate(ids, max_new_tokens=args.max_new_tokens, speculative=False)
+            seqs.append((len(ids), ids + out.tokens[:-1]))
+        del engine
+    else:
+        for p in read_prompts(args.prompts):
+            ids = loaded.tokenizer.encode_prompt(p["prompt"], chat=p["chat"])
+            seq = list(ids)
+            for _ in range(args.max_new_tokens - 1):
+                seq.append(int(logits_of(model, seq)[-1].argmax()))
+            seqs.append((len(ids), seq))
+    if args.sequences and not Path(args.sequences).is_file():
+        Path(args.sequences).write_text(json.dumps(seqs))
+    stats = None
+    if any(step in ("native", "native_bias", "onnx_int4", "onnx_int4_bias") for v in args.variants for step, _ in VARIANTS[v]):
+        from edge_spec.exporters.calibration import linear_input_stats
+        stats = linear_input_stats(loaded)
     ref = [logits_of(model, s) for _, s in seqs]
     for name in args.variants:
-        q = quantized(model, VARIANTS[name])
+        q = quantized(model, VARIANTS[name], stats)
         cont, every, worst = [], [], 0.0
         for (n, s), r in zip(seqs, ref):
             lq = logits_of(q, s)

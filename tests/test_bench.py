@@ -277,3 +277,12 @@ def test_an_isolated_peer_runs_in_its_own_process_and_its_errors_come_back():
     peer.close()
     with pytest.raises(ValueError, match="cannot build this peer"):
         IsolatedPeer(_EchoPeer, fail_on_build=True)
+
+
+def test_the_genai_peer_precision_follows_the_bundles_weights():
+    """`--peer onnxruntime-genai` without --genai-precision builds genai's model of the bundle's weight precision."""
+    from edge_spec.peers import genai_precision
+
+    want = {"fp32": "fp32", "fp16": "fp32", "int8": "int8", "int4": "int4", "int4-gguf": "int4", "8da4w": "int4",
+            "8da4w-gguf": "int4", "16a8w": "fp32"}
+    assert {p: genai_precision(p) for p in want} == want

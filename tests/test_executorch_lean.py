@@ -74,11 +74,22 @@ def bundle_constants(folder: Path) -> list[Constant]:
     return found
 
 
+GRIDS = ("8da4w", "8da4w-gguf")
+
+
 @pytest.fixture(scope="module")
-def llama_8da4w(tiny_llama_pte_pair, tmp_path_factory):
+def llama_8da4w_forms(tiny_llama_pte_pair, tmp_path_factory) -> dict[str, Path]:
+    """The tiny llama + drafter at each 8da4w grid (~1 min each): XNNPACK's symmetric int4 fitted to calibration
+    prompts, and the GGUF-exact codes with their block-offset term."""
     _, target, drafter = tiny_llama_pte_pair
-    return export_bundle(target, tmp_path_factory.mktemp("lean") / "q", drafter=drafter, precision="8da4w",
-                         max_context=64), target, drafter
+    root = tmp_path_factory.mktemp("lean")
+    return {p: export_bundle(target, root / p, drafter=drafter, precision=p, max_context=64) for p in GRIDS}
+
+
+@pytest.fixture(params=GRIDS)
+def llama_8da4w(request, llama_8da4w_forms, tiny_llama_pte_pair):
+    _, target, drafter = tiny_llama_pte_pair
+    return llama_8da4w_forms[request.param], target, drafter
 
 
 def test_8da4w_program_holds_no_fp32_table_and_its_codes_once(llama_8da4w):
@@ -132,7 +143,7 @@ def test_8da4w_tables_keep_agreement_and_greedy_exactness(llama_8da4w, tmp_path)
     == decode steps (one forward of the prompt vs one token at a time), greedy speculative == plain; a precision
     the format has not is refused."""
     folder, target, _ = llama_8da4w
-    assert read_manifest(folder).precision == "8da4w"
+    assert read_manifest(folder).precision in ("8da4w", "8da4w-gguf")
     engine = load_bundle(folder, threads=2)
     ref = Session(TorchBackend(target.model, engine.session.state.layout))
     ids = prompt_ids(24, seed=11)
@@ -146,6 +157,20 @@ def test_8da4w_tables_keep_agreement_and_greedy_exactness(llama_8da4w, tmp_path)
     assert engine.generate(ids[:8], max_new_tokens=24, spec_k=2).tokens == plain.tokens
     with pytest.raises(ConfigError, match="no precision"):
         export_bundle(target, tmp_path / "bad", precision="int8")
+
+
+def test_the_native_grid_stores_no_offset_term(llama_8da4w_forms, tiny_llama_pte_pair):
+    """8da4w stores XNNPACK's own int4 blocks only; 8da4w-gguf adds an fp32 offset per block of 32 inputs of every
+    target Linear (and the drafter's): the native bundle's constants are smaller by at least the target's offsets
+    less what the native grid adds (a bias correction: one float per output)."""
+    _, target, _ = tiny_llama_pte_pair
+    gguf, ours = (sum(c.nbytes for c in bundle_constants(llama_8da4w_forms[p])) for p in ("8da4w-gguf", "8da4w"))
+    cfg = target.config
+    h, i = cfg.hidden_size, cfg.intermediate_sizes[0]
+    kv = cfg.kv_heads[0] * cfg.head_dims[0]
+    outputs = h * 2 + kv * 2 + i * 2 + h  # q, o, k, v, gate, up, down
+    per_layer = (h * 2 + kv * 2 + i * 2) * (h // 32) + h * (i // 32)  # the offsets, [N, K / 32] per Linear
+    assert gguf - ours >= 4 * cfg.num_layers * (per_layer - outputs), (gguf, ours)
 
 
 def test_native_runner_reads_the_quantized_table_as_python_does(native, llama_8da4w, tmp_path):  # noqa: F811

@@ -85,10 +85,12 @@ FORMATS = {
                         "of a verify pass and list where they first differ (a diagnostic; ~2x the graph's memory)",
                         CHECK, switch=True))),
     "executorch": Format(
-        "executorch", ("fp32", "8da4w"), BINDING_STATE, "executorch", "edge_spec.exporters.executorch",
+        "executorch", ("fp32", "8da4w", "8da4w-gguf"), BINDING_STATE, "executorch", "edge_spec.exporters.executorch",
         "edge_spec.runtimes.executorch", "pip install executorch==1.5.1", about="one .pte, XNNPACK", attention="state",
         native=True,
-        precision_help="fp32 or 8da4w (int8 dynamic activations, int4 weights in groups of 32)"),
+        precision_help="fp32, 8da4w (int8 dynamic activations x XNNPACK's symmetric int4 in groups of 32, scales fitted to "
+                       "calibration prompts; 8-bit head and table) or 8da4w-gguf (a GGUF's Q4_1 codes bit for bit + a "
+                       "per-block offset term; larger and slower)"),
     "coreml": Format(
         "coreml", ("fp16", "fp32", "int8", "int4", "int4-channel"), BINDING_IO, "coreml", "edge_spec.exporters.coreml",
         "edge_spec.runtimes.coreml", "pip install coremltools==9.0", constant_tables=True, fixed_shapes=True,

@@ -90,8 +90,8 @@ PACKED_QKV, PACKED_GATE_UP = "packed_qkv", "packed_gate_up"  # the packed Linear
 
 class PackedModuleOps(Ops):
     """Sibling projections as the one packed nn.Linear `pack_modules` put on the layer, looked up at call time, so
-    an exporter can quantize it as a module (ExecuTorch's 8da4w: one int4 GEMM and one block-offset term per input
-    instead of three / two)."""
+    an exporter can quantize it as a module (ExecuTorch's 8da4w: one int4 GEMM per input instead of three / two, and
+    8da4w-gguf one block-offset term)."""
 
     def qkv(self, attn):
         return getattr(attn, PACKED_QKV, None)

@@ -91,7 +91,7 @@ inline constexpr const char* FORMAT_QNN = "qnn";
 inline const std::vector<FormatRow>& format_rows() {
   static const std::vector<FormatRow> rows = {
       {FORMAT_ONNX, {"io", "shared"}, {"fp32", "fp16", "int8", "int4", "int4-gguf"}, false, true},
-      {FORMAT_EXECUTORCH, {"state"}, {"fp32", "8da4w"}, false, true},
+      {FORMAT_EXECUTORCH, {"state"}, {"fp32", "8da4w", "8da4w-gguf"}, false, true},
       {FORMAT_COREML, {"io", "state"}, {"fp16", "fp32", "int8", "int4", "int4-channel"}, true, false},
       {FORMAT_QNN, {"io"}, {"16a8w", "8a8w"}, true, true},
   };
