@@ -157,8 +157,9 @@ def symmetric_linear(linear: nn.Linear, stats: tuple[np.ndarray, np.ndarray] | N
     `group` inputs (XNNPACK's qd8-f32-qb4w), each block's scale fitted (exporters/grid_fit.fit_symmetric_grid) to
     `stats` (its inputs' mean and mean square [K], exporters/calibration.linear_input_stats) or, without them, to
     plain squared error. With stats and `bias_correction`, the rounding's expected output shift (W - Q) @ mean is
-    added to the bias (SmolLM2, eager, top-1 vs fp32 on the held-out everyday answers: 0.740 -> 0.760,
-    `scripts/et_quant_variants.py --variants native+head8 native_bias+head8`)."""
+    added to the bias (SmolLM2, eager, top-1 vs fp32 on held-out answers: everyday 0.740 -> 0.760, technical 0.827 ->
+    0.827 with a smaller worst logit error; `scripts/et_quant_variants.py --variants native+head8 native_bias+head8`,
+    docs/benchmarks.md "2026-12-06 (late)")."""
     from torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor import (
         IntxUnpackedToInt8Tensor, IntxUnpackedToInt8TensorActivationQuantization)
 
