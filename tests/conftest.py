@@ -6,6 +6,8 @@ Two tiers, chosen from the fixtures a test uses and never by hand:
   export. A test is in it when it asks for one of REAL_FIXTURES (directly or through another fixture).
 """
 
+import os
+
 import pytest
 
 from tests.tiny import gemma4_config, llama_config, qwen3_config, save_reference
@@ -30,6 +32,17 @@ SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_executorch_lean.py": "t
                  "test_bench_native.py": "tiny-pte", "test_native_coreml.py": "tiny-pte",
                  "test_native_hardening.py": "tiny-pte", "test_serve_native.py": "tiny-pte",
                  "test_native_datastore.py": "tiny-pte"}
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker's torch gets its share of the cores (one each on 2 cores): two workers each
+    running torch's 2-thread parallel regions on 2 cores wait at every region's barrier for a thread the other worker
+    descheduled (tests/test_speculative.py's sampling tests ran 3-4x slower beside an export than alone)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which turns the group marks into scopes
