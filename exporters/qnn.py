@@ -11,7 +11,8 @@ inputs, places new rows into their slots by data movement and attends over the s
   1. torch.onnx (TorchScript exporter, opset 17, every shape static, ids int32) -> fp32 ONNX, every linear (the
      output head too) as a 1x1 Conv (`linears_as_conv`: QNN quantizes Conv weights per output channel, MatMul
      weights per tensor only), rotary cos / sin gathered from per-position tables (`TableRopeOps`: a computed
-     angle is an activation whose calibrated range ends at the longest calibration position). One target graph
+     angle is an activation whose calibrated range ends at the longest calibration position), each RMSNorm as one
+     SimplifiedLayerNormalization node, the HTP's RmsNorm (`qnn_norms`: no quantized x^2). One target graph
      per pass length (`target_lengths`: by default two, decode + verify and the prefill chunk; every length with
      --qnn-graphs every);
   2. `qnn_preprocess_model` (QNN-friendly fusions);
@@ -68,6 +69,7 @@ from edge_spec.model.ops import TableRopeOps
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.exporters import static
 from edge_spec.exporters import qnn_position0
+from edge_spec.exporters.qnn_norms import fuse_rms_norms
 from edge_spec.exporters.qnn_calibration import calibrate, merged_ranges, moved_from, tensor_ranges, with_headroom
 from edge_spec.runtimes.fixed import keep_name, pass_lengths, slot_index_name
 from edge_spec.logs import quiet
@@ -398,6 +400,7 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
         _onnx(static.PlacedTargetFunction(model, kinds, ops).eval(), static.placed_target_args(layout, slots, t),
               (placed_in, [o.name for o in target_io.outputs]), fp32[target_graph(t)], target_graph(t))
         linears_as_conv(fp32[target_graph(t)])
+        fuse_rms_norms(fp32[target_graph(t)])
     if job.drafter is not None:
         step("exporting the drafter step")
         drafter_io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size,
@@ -408,6 +411,7 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
               ([t.name for t in drafter_io.inputs], [t.name for t in drafter_io.outputs]), fp32[DRAFTER_GRAPH],
               DRAFTER_GRAPH)
         linears_as_conv(fp32[DRAFTER_GRAPH])
+        fuse_rms_norms(fp32[DRAFTER_GRAPH])
     step("calibrating on the bench prompts (fp32 graphs, CPU)")
     feeds = calibrate(job, fp32, lengths, slots, host_sink)
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model

@@ -198,8 +198,11 @@ def test_a_phone_bundle_precomputes_position_0_and_keeps_no_second_copy(tiny_qnn
 
 def test_every_node_runs_on_the_htp(pair):
     """Both the QDQ graphs (compiled at load) and the context binaries open with CPU fallback disabled, and
-    onnxruntime's assignment record puts every node on the QNN EP."""
+    onnxruntime's assignment record puts every node on the QNN EP - the fused RMSNorms too (`qnn_norms`: no Pow
+    left, so no quantized x^2)."""
     for graph in graph_files(pair[0]):
+        ops = [n.op_type for n in onnx.load(str(pair[0] / qnn_htp.qdq_file(graph)), load_external_data=False).graph.node]
+        assert "SimplifiedLayerNormalization" in ops and "Pow" not in ops, graph
         for file in (qnn_htp.qdq_file(graph), qnn_htp.ctx_file(graph)):
             session = open_session(pair[0] / file, "qnn", SOC)
             assert qnn_htp.cpu_nodes(session) == [], file
@@ -246,6 +249,60 @@ def test_linears_become_1x1_convolutions_with_the_same_outputs(tmp_path):
     assert "w" not in {i.name for i in after.graph.initializer}
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, before, rtol=1e-5, atol=1e-6)
+
+
+def _rms_graph(path, opset=17):
+    """x [1, 3, 8] -> RMSNorm with a weight -> * 2 -> RMSNorm without one -> y, spelled as torch.onnx spells
+    `model.transformer.RMSNorm` (Pow, ReduceMean, Add eps, Sqrt, Div, Mul), plus a third norm whose mean(x^2) is also
+    an output (so it must stay as it is)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-5, np.float32), "eps")]
+
+    def norm(tag, x, weight=None):
+        out = f"{tag}.div" if weight is None else f"{tag}.y"
+        nodes = [helper.make_node("Pow", [x, "two"], [f"{tag}.sq"]),
+                 helper.make_node("ReduceMean", [f"{tag}.sq"], [f"{tag}.mean"], axes=[-1], keepdims=1),
+                 helper.make_node("Add", [f"{tag}.mean", "eps"], [f"{tag}.var"]),
+                 helper.make_node("Sqrt", [f"{tag}.var"], [f"{tag}.rms"]),
+                 helper.make_node("Div", [x, f"{tag}.rms"], [f"{tag}.div"])]
+        return nodes + ([helper.make_node("Mul", [f"{tag}.div", weight], [out])] if weight else []), out
+
+    a, a_out = norm("a", "x", "w")
+    b, b_out = norm("b", "ab")
+    c, c_out = norm("c", b_out, "w")
+    graph = helper.make_graph(a + [helper.make_node("Mul", [a_out, "two"], ["ab"])] + b + c, "rms",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8])],
+                              [helper.make_tensor_value_info(c_out, TensorProto.FLOAT, [1, 3, 8]),
+                               helper.make_tensor_value_info("c.mean", TensorProto.FLOAT, [1, 3, 1])], initializer=inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+
+
+def test_rms_norms_become_one_node_with_the_same_outputs(tmp_path):
+    """`fuse_rms_norms`: the six-node RMSNorm with and without a weight -> SimplifiedLayerNormalization (opset 21 for
+    the 16-bit quantizer), same outputs on the CPU provider (fp32 statistics); a norm whose mean(x^2) something else
+    reads stays as it is."""
+    import onnxruntime as ort
+
+    from edge_spec.exporters.qnn_norms import QDQ_OPSET, fuse_rms_norms
+
+    path = tmp_path / "rms.onnx"
+    _rms_graph(path)
+    x = {"x": (np.random.default_rng(2).standard_normal((1, 3, 8)) * 40).astype(np.float32)}  # a residual's range
+    before = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)
+    assert fuse_rms_norms(path) == 2
+    after = onnx.load(str(path))
+    ops = [n.op_type for n in after.graph.node]
+    assert ops.count("SimplifiedLayerNormalization") == 2 and ops.count("Pow") == 1
+    assert next(o.version for o in after.opset_import if o.domain == "") == QDQ_OPSET
+    fused = [n for n in after.graph.node if n.op_type == "SimplifiedLayerNormalization"]
+    assert fused[0].input[1] == "w" and [a.f for a in fused[0].attribute if a.name == "epsilon"] == [np.float32(1e-5)]
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)
+    for g, b in zip(got, before):
+        np.testing.assert_allclose(g, b, rtol=1e-6, atol=1e-6)
 
 
 # ---- numerics -------------------------------------------------------------------------------------------------
