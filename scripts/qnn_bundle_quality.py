@@ -4,11 +4,13 @@
     .venv/bin/python scripts/qnn_bundle_quality.py BUNDLE                  # CPU QDQ vs eager, teacher-forced
     .venv/bin/python scripts/qnn_bundle_quality.py BUNDLE --answers        # ... on eager's own greedy answers
     .venv/bin/python scripts/qnn_bundle_quality.py BUNDLE --htp 9 2        # HTP vs CPU QDQ: 2 passes of 9 (slow)
+    .venv/bin/python scripts/qnn_bundle_quality.py BUNDLE --htp-answers    # --answers on the simulated HTP (~15 min)
 
 Teacher-forced: the prompt in committed passes of each --lengths value, every position's top-1 against eager's.
 --answers: eager greedy-decodes 30 tokens for two prompts; the bundle is teacher-forced over prompt + answer and
 scored on the answer's tokens (first miss and the bundle's top 3 there). --htp T N: N passes of T tokens through
-both providers side by side (the simulator takes ~7 s per row of SmolLM2).
+both providers side by side (the simulator takes ~7 s per row of SmolLM2). --htp-answers: --answers (ANSWER_TOKENS = 32,
+issue #50's "2 prompts x 32 steps") through the simulated HTP and the CPU provider, in passes of the bundle's max_pass.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from edge_spec.contract.backend import Session
 from edge_spec.runtimes.torch import TorchBackend
 
 PROMPTS = ("What is the capital of France?", "Explain speculative decoding in two sentences.")
-ANSWER_TOKENS = 30
+ANSWER_TOKENS = 32
 
 
 def passes(session, ids: list[int], t: int) -> np.ndarray:
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 3, 5, 9])
     parser.add_argument("--answers", action="store_true")
     parser.add_argument("--htp", type=int, nargs=2, metavar=("T", "N"))
+    parser.add_argument("--htp-answers", action="store_true")
     parser.add_argument("--model", default="smollm2-135m", help="the bundle's target, as eager's oracle")
     args = parser.parse_args()
     cpu = load_bundle(args.bundle, provider="cpu", host_check=False)
@@ -64,6 +67,22 @@ def main() -> None:
     ids = cpu.encode(PROMPTS[0], chat=True)
     ref = passes(eager(), ids, 1)
     scale = np.abs(ref).max()
+    if args.htp_answers:
+        htp = load_bundle(args.bundle, provider="qnn", host_check=False)
+        for prompt in PROMPTS:
+            ids = cpu.encode(prompt, chat=True)
+            answer = greedy(eager(), ids, ANSWER_TOKENS, chunk)
+            row = {"prompt": prompt, "eager": target.tokenizer.decode(answer)}
+            for name, engine in (("cpu", cpu), ("htp", htp)):
+                engine.session.reset()
+                start = time.perf_counter()
+                a = passes(engine.session, ids + answer, chunk)[len(ids) - 1:-1]  # [32, V]: what predicts each token
+                agree = a.argmax(-1) == np.array(answer)
+                row |= {f"{name}_top1": round(float(agree.mean()), 3),
+                        f"{name}_first_miss": int(np.argmin(agree)) if not agree.all() else None,
+                        f"{name}_s": round(time.perf_counter() - start)}
+            print(json.dumps(row), flush=True)
+        return
     if args.htp:
         t, n = args.htp
         htp, ids = load_bundle(args.bundle, provider="qnn", host_check=False), ids[:t * n]

@@ -101,6 +101,23 @@ def test_the_draft_vocabulary_is_the_most_frequent_tokens_and_round_trips(tiny_l
     assert torch.equal(back.lm_head.weight, loaded.model.lm_head.weight[back.target_ids(ids)])
 
 
+def test_aux_states_beyond_fp16_are_stored_in_fp32_and_such_shards_are_not_reused(tmp_path):
+    """gemma-3-270m's residual stream reaches ~1e5: fp16 made it inf (and the loss NaN), so a shard keeps fp32 aux
+    states when a value exceeds fp16's range, fp16 otherwise; a shard holding an inf is recomputed, not reused."""
+    from edge_spec.train.eagle3_data import FP16_MAX, _shard_matches, storable
+
+    small = np.array([[1.5, -65504.0]], np.float32)
+    assert storable(small).dtype == np.float16 and np.array_equal(storable(small), small)
+    big = np.array([[1.5, 104061.0]], np.float32)
+    assert storable(big).dtype == np.float32 and np.array_equal(storable(big), big) and big.max() > FP16_MAX
+    chunk = np.zeros((1, 2), np.int32)
+    for name, aux in (("ok", storable(big)), ("overflowed", big.astype(np.float16))):  # the old writer's inf
+        np.savez(tmp_path / f"{name}.npz", tokens=chunk, aux_layers=np.array([1]), aux=aux[None],
+                 top_ids=np.zeros((1, 2, 4), np.int32), top_p=np.zeros((1, 2, 4), np.float16))
+    assert _shard_matches(tmp_path / "ok.npz", chunk, (1,), 4)
+    assert not _shard_matches(tmp_path / "overflowed.npz", chunk, (1,), 4)
+
+
 def test_unroll_masks_are_speculators_ttt_masks():
     """Step 0 causal over the anchors, each later step one diagonal block per earlier chained step: what
     Speculators' extend_dense_mask_for_draft_tokens builds from a causal mask, and what our runtime's cache shows a

@@ -4,7 +4,7 @@
 when it holds exactly these token rows for these aux layers and this top-k (a resumed run recomputes nothing):
 
     tokens    [N, T] int32    the window (x[0..T-1])
-    aux       [N, T, n * H]   fp16, the target's residual stream entering each aux layer (ModelOutput.aux: id i <
+    aux       [N, T, n * H]   fp16 (fp32 where a value exceeds fp16's range: `storable`), the target's residual stream entering each aux layer (ModelOutput.aux: id i <
                               L enters layer i, id L leaves the last layer before the final norm), in the drafter's
                               eagle_aux_hidden_state_layer_ids order: what `Eagle3Drafter.fuse` reads at run time
                               (runtimes/torch_eagle3.AuxTarget records the same states)
@@ -76,19 +76,29 @@ def extract_eagle3(model: Transformer, sequences: np.ndarray, aux_layers: tuple[
         pos = torch.arange(t, device=device)[None].expand(b, t)
         empty = [torch.zeros(b, cfg.kv_heads[l], 0, cfg.head_dims[l], dtype=dtype, device=device) for l in cached]
         out = model(tokens, pos, masks, empty, list(empty), aux_layers=tuple(aux_layers))
-        aux.append(out.aux.float().cpu().numpy().astype(np.float16))  # [b, T, n H]
+        aux.append(out.aux.float().cpu().numpy())  # [b, T, n H]
         for row in out.logits:  # [T, V] one sequence at a time: a [b, T, V] fp32 copy can be gigabytes
             p, i = torch.softmax(row.float(), dim=-1).topk(top_k, dim=-1)
             ids.append(i.to(torch.int32).cpu().numpy())
             probs.append(p.to(torch.float16).cpu().numpy())
-    return {"aux": np.concatenate(aux), "top_ids": np.stack(ids), "top_p": np.stack(probs)}
+    return {"aux": storable(np.concatenate(aux)), "top_ids": np.stack(ids), "top_p": np.stack(probs)}
+
+
+FP16_MAX = float(np.finfo(np.float16).max)
+
+
+def storable(aux: np.ndarray) -> np.ndarray:
+    """fp32 aux states as a shard stores them: fp16 (half the bytes) when every value fits fp16's range, else fp32 as
+    is. gemma-3-270m's residual stream reaches ~1e5 (edge_spec/model/headroom.py), which fp16 turns into inf, and one
+    inf aux state makes the drafter's loss NaN."""
+    return aux.astype(np.float16) if np.abs(aux).max(initial=0.0) <= FP16_MAX else aux.astype(np.float32)
 
 
 def _shard_matches(path: Path, chunk: np.ndarray, aux_layers: tuple[int, ...], top_k: int) -> bool:
     try:
         with np.load(path) as z:  # members load lazily: the token rows and two small arrays
             return (np.array_equal(z["tokens"], chunk) and tuple(z["aux_layers"].tolist()) == tuple(aux_layers)
-                    and z["top_ids"].shape[-1] == top_k)
+                    and z["top_ids"].shape[-1] == top_k and bool(np.isfinite(z["aux"]).all()))  # no fp16 overflow
     except (OSError, ValueError, KeyError):  # a damaged or foreign file is recomputed
         return False
 
