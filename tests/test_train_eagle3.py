@@ -118,6 +118,20 @@ def test_aux_states_beyond_fp16_are_stored_in_fp32_and_such_shards_are_not_reuse
     assert not _shard_matches(tmp_path / "overflowed.npz", chunk, (1,), 4)
 
 
+def test_bf16_autocast_is_kept_only_where_the_probe_picked_bf16():
+    """`with_autocast`: a CPU whose timed probe picked fp32 (no bf16 units: bf16 matmuls were ~40x slower on the AMD
+    EPYC) trains in fp32; where it picked bf16 the config is unchanged; --fp32 stays fp32 either way."""
+    from edge_spec.train.eagle3_trainer import Eagle3TrainConfig
+    from edge_spec.train.teacher import with_autocast
+    from edge_spec.train.trainer import TrainConfig
+
+    for cfg in (Eagle3TrainConfig(), TrainConfig()):
+        assert cfg.bf16 and not with_autocast(cfg, torch.float32).bf16
+        assert with_autocast(cfg, torch.bfloat16) == cfg
+        off = with_autocast(cfg, torch.float32)
+        assert not with_autocast(off, torch.bfloat16).bf16
+
+
 def test_unroll_masks_are_speculators_ttt_masks():
     """Step 0 causal over the anchors, each later step one diagonal block per earlier chained step: what
     Speculators' extend_dense_mask_for_draft_tokens builds from a causal mask, and what our runtime's cache shows a

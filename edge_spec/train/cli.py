@@ -79,8 +79,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="mtp only: uniform negatives of the sampled-softmax loss (default 4096; 0 = full vocabulary, "
                          "~3x slower)")
     tr.add_argument("--fp32", action="store_true",
-                    help="train in fp32, no bf16 autocast (slower; ranks then agree with one process to fp32 "
-                         "rounding, not bf16's)")
+                    help="train in fp32, no bf16 autocast (which is used only where a timed probe finds bf16 "
+                         "at least 2x faster than fp32: a GPU, a CPU with bf16 units); ranks then agree with one "
+                         "process to fp32 rounding, not bf16's")
     tr.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="where the teacher pass and training run (auto: cuda when torch sees a GPU). Under torchrun "
                          "(docs/training.md) every rank takes its share of --batch-seqs, which must be a multiple of "

@@ -25,7 +25,7 @@ from edge_spec.train.eagle3_data import (TOP_K, Eagle3Shards, bytes_per_token, d
                                          token_counts)
 from edge_spec.train.eagle3_trainer import Eagle3TrainConfig, publish_eagle3, train_eagle3
 from edge_spec.train.pipeline import check_work_target, sequences
-from edge_spec.train.teacher import autocast_dtype
+from edge_spec.train.teacher import autocast_dtype, with_autocast
 
 DEFAULT_DRAFT_VOCAB = 32000
 # Speculators 0.9's eagle3 training defaults (train/config/schema.py): llama layers, these norm options on
@@ -134,6 +134,7 @@ def run_eagle3(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: i
                               f"pass a draft vocabulary of at most {target.vocab_size} tokens")
         layer_config(target, num_layers=num_layers, num_heads=num_heads, intermediate_size=intermediate_size)
     dtype = agree(dist, autocast_dtype(dist.device) if dist.main else None)
+    train_cfg = with_autocast(train_cfg, dtype)
     loaded.model.to(dist.device)
 
     # 1. corpora -> windows (pipeline's stage 1, unchanged)

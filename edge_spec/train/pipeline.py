@@ -30,7 +30,7 @@ from edge_spec.train import data as D
 from edge_spec.train.dist import Dist, agree, barrier, check_batch, main_first, owns
 from edge_spec.train.folders import publish_folder
 from edge_spec.train.shard_quant import encode_arrays
-from edge_spec.train.teacher import autocast_dtype, batched_greedy, extract
+from edge_spec.train.teacher import autocast_dtype, with_autocast, batched_greedy, extract
 from edge_spec.train.trainer import (ShardData, TrainConfig, ensure_teacher_top, top_sidecar, train,
                                      write_teacher_top)
 
@@ -304,6 +304,7 @@ def run(loaded: LoadedModel, out: Path, *, data: list[str], max_tokens: int = 40
     work.mkdir(parents=True, exist_ok=True)
     main_first(dist, lambda: check_work_target(work, loaded))
     dtype = agree(dist, autocast_dtype(dist.device) if dist.main else None)  # timed on the CPU: rank 0's choice
+    train_cfg = with_autocast(train_cfg, dtype)
     loaded.model.to(dist.device)  # the teacher pass runs on the device
     cfg = loaded.config
     if init is not None:  # warm start: the initial drafter's shape and vocabulary clustering win
