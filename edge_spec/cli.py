@@ -233,7 +233,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         progress("loading the checkpoints")
         drafter_folder = resolve_drafter(choice, args.model) if choice else None
         target = load_checkpoint(args.model)
-        # an MTP drafter folder, or a Speculators EAGLE-3 one (onnx bundles; other formats refuse it by name)
+        # an MTP drafter folder, or a Speculators EAGLE-3 one (onnx, executorch, coreml; qnn refuses it by name)
         drafter = load_export_drafter(drafter_folder, target) if drafter_folder else None
         ship = datastore_by_default(drafter) if args.datastore is None else args.datastore
         if args.datastore is None and not ship:

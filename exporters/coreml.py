@@ -13,6 +13,10 @@ Functions of `coreml/program.mlpackage` (coremltools `save_multifunction`, ident
   * `drafter`: (input_ids [1, 1], hidden [1, 1, Ht], position_ids [1, 1], mask_{kind} [1, 1, 1, S_kind], the source
     layers' caches) -> (draft_token_ids, draft_logits, draft_hidden); the target's embedding (and output table) are
     constants of the function, deduplicated against the target's by `save_multifunction`.
+  * with an EAGLE-3 drafter (edge_spec/model/eagle3.py) instead: every `target_{T}` also returns aux_hidden
+    [1, T, n * H]; `drafter_{T}` (the step: its own cache as function IO, draft_mask [1, 1, T, S_draft + T], the last
+    row's candidates out; a shorter step is padded at the front) and `drafter_fc_{T}` (aux -> fused, fp32 compute)
+    for each T of the target (exporters/static.py Eagle3StepFunction / Eagle3FcFunction; `io` binding only).
 Feature names are the contract's (edge_spec.contract.kv) with "." spelled "_" (`kv.feature_name`); ids are int32.
 
 `--kv state` (the contract's `state` binding, iOS 18 / macOS 15 MLState; what the GPU runs well): the caches are
@@ -61,7 +65,7 @@ from edge_spec.contract.formats import FORMATS
 from edge_spec.logs import IMPORT_NOISE, quiet
 from edge_spec.runtimes.coreml_tools import import_coremltools
 from edge_spec.runtimes.fixed import function_slots, pass_lengths, state_slots, write_slots_name
-from edge_spec.contract.manifest import GraphEntry
+from edge_spec.contract.manifest import EAGLE3_FC_GRAPH, GraphEntry
 from edge_spec.model import headroom
 
 COREML_DIR = "coreml"
@@ -86,6 +90,14 @@ def target_function(t: int) -> str:
     return f"target_{t}"
 
 
+def eagle3_step_function(t: int) -> str:
+    return f"{DRAFTER_FUNCTION}_{t}"
+
+
+def eagle3_fc_function(t: int) -> str:
+    return f"{EAGLE3_FC_GRAPH}_{t}"
+
+
 # ---- conversion ------------------------------------------------------------------------------------
 def _drop_aliases(program) -> None:
     """torch 2.13's decompositions leave `aten.alias` no-ops, which coremltools 9.0 does not know."""
@@ -97,8 +109,10 @@ def _drop_aliases(program) -> None:
     program.graph_module.recompile()
 
 
-def convert(module: nn.Module, args: tuple, inputs: list[str], outputs: list[str], precision: str, what: str):
-    """One fixed-shape function: torch.export -> ct.convert (mlprogram, iOS 18) -> renamed features -> compressed."""
+def convert(module: nn.Module, args: tuple, inputs: list[str], outputs: list[str], precision: str, what: str,
+            fp32_compute: bool = False):
+    """One fixed-shape function: torch.export -> ct.convert (mlprogram, iOS 18) -> renamed features -> compressed
+    (`precision`'s weights; its compute precision unless `fp32_compute`)."""
     ct = import_coremltools()
     try:  # (coremltools' per-pass progress bars go to a buffer: the export's own bar reports each function)
         with torch.no_grad(), warnings.catch_warnings(), quiet("torch", "torch.export", "coremltools", *IMPORT_NOISE), \
@@ -106,7 +120,7 @@ def convert(module: nn.Module, args: tuple, inputs: list[str], outputs: list[str
             warnings.simplefilter("ignore")
             program = torch.export.export(module, args, strict=False).run_decompositions()
             _drop_aliases(program)
-            compute = ct.precision.FLOAT32 if precision == "fp32" else \
+            compute = ct.precision.FLOAT32 if precision == "fp32" or fp32_compute else \
                 ct.transform.FP16ComputePrecision(op_selector=lambda op: not keep_fp32(op))
             mlmodel = ct.convert(program, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
                                  compute_precision=compute, skip_model_load=True)
@@ -147,9 +161,9 @@ def compress(mlmodel, precision: str):
         return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=op))
 
 
-def target_features(layout: kv.KVLayout) -> tuple[list[str], list[str]]:
-    """(inputs, outputs) of the target functions; `state`: the write slots follow the masks."""
-    io = kv.target_io(layout, 1, 1)
+def target_features(layout: kv.KVLayout, aux: bool = False) -> tuple[list[str], list[str]]:
+    """(inputs, outputs) of the target functions; `state`: the write slots follow the masks; `aux`: aux_hidden."""
+    io = kv.target_io(layout, 1, 1, aux_size=1 if aux else 0)
     inputs = [kv.feature_name(t.name) for t in io.inputs]
     if layout.binding == kv.BINDING_STATE:
         inputs += [kv.feature_name(write_slots_name(kind)) for kind in layout.kinds()]
@@ -159,6 +173,13 @@ def target_features(layout: kv.KVLayout) -> tuple[list[str], list[str]]:
 def drafter_features(layout: kv.KVLayout, sources: dict[str, int]) -> tuple[list[str], list[str]]:
     io = kv.drafter_io(layout, sources, 1, 1, 1, output_table=False, tables=False)
     return [kv.feature_name(t.name) for t in io.inputs], [kv.feature_name(t.name) for t in io.outputs]
+
+
+def eagle3_features(draft: kv.KVLayout) -> tuple[tuple[list[str], list[str]], tuple[list[str], list[str]]]:
+    """((inputs, outputs) of the EAGLE-3 step functions, those of its fc functions)."""
+    names = [[kv.feature_name(t.name) for t in specs] for io in (kv.eagle3_drafter_io(draft, 1, 1), kv.eagle3_fc_io(1, 1))
+             for specs in (io.inputs, io.outputs)]
+    return (names[0], names[1]), (names[2], names[3])
 
 
 def state_names(layout: kv.KVLayout) -> list[str]:
@@ -191,6 +212,10 @@ def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
         raise ConfigError("a Core ML package needs fixed pass lengths", "pass --max-pass")
     lengths = pass_lengths(job.max_draft_len, layout.max_pass)
     state = layout.binding == kv.BINDING_STATE
+    eagle3 = bool(job.aux_layers)
+    if eagle3 and state:
+        raise ConfigError("an EAGLE-3 drafter's own cache is function IO in Core ML packages; --kv state keeps caches "
+                          "as MLState, which its step functions do not declare yet", "export with --kv io (the default)")
     slots = state_slots(layout) if state else function_slots(layout, lengths)
     work = job.tmp / "functions"
     work.mkdir()
@@ -208,9 +233,21 @@ def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
     fixed = {"lengths": {str(t): target_function(t) for t in lengths}, "slots": slots}
     if state:  # what a runner outside Python needs to feed the functions and size the shared state
         fixed |= {"inputs": target_features(layout)[0], "states": state_names(layout)}
-    graphs = {"target": GraphEntry(PACKAGE, job.precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size),
+    aux = len(job.aux_layers) * cfg.hidden_size
+    graphs = {"target": GraphEntry(PACKAGE, job.precision, kv.target_io(layout, cfg.vocab_size, cfg.hidden_size,
+                                                                        aux_size=aux),
                                    method=target_function(1), fixed=fixed)}
-    if job.drafter is not None:
+    if eagle3:  # its step and fc functions at the target's lengths, over its own `io` cache
+        draft, c = bundle.eagle3_layout(job.drafter.cfg, layout.max_context), job.drafter.cfg
+        graphs["drafter"] = GraphEntry(PACKAGE, job.precision, kv.eagle3_drafter_io(draft, c.hidden_size,
+                                                                                     c.draft_vocab_size),
+                                       method=eagle3_step_function(1),
+                                       fixed={"lengths": {str(t): eagle3_step_function(t) for t in lengths},
+                                              "slots": {kv.DRAFT_KIND: draft.max_context}})
+        graphs[EAGLE3_FC_GRAPH] = GraphEntry(PACKAGE, job.precision, kv.eagle3_fc_io(aux, c.hidden_size),
+                                             method=eagle3_fc_function(1),
+                                             fixed={"lengths": {str(t): eagle3_fc_function(t) for t in lengths}})
+    elif job.drafter is not None:
         drafter_io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size,
                                    job.drafter.cfg.candidates_per_step, output_table=False, tables=False)
         graphs["drafter"] = GraphEntry(PACKAGE, job.precision, drafter_io, method=DRAFTER_FUNCTION,
@@ -225,8 +262,8 @@ def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str,
     layout = job.layout
     state = layout.binding == kv.BINDING_STATE
     model = job.target.model.eval()
-    names_in, names_out = target_features(layout)
-    stream, note = model, ""
+    names_in, names_out = target_features(layout, bool(job.aux_layers))
+    stream, note, s = model, "", 1
     if job.precision != "fp32":  # fp16 compute: the residual stream must fit fp16 (edge_spec.model.headroom)
         s, peak = calibration.stream_scale(job.target)
         stream = headroom.scaled_stream(model, s).eval()
@@ -237,11 +274,13 @@ def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str,
             module = static.StateTargetFunction(stream, layout, slots)
             args = static.state_target_args(layout, slots, t)
         else:
-            module, args = static.TargetFunction(stream, layout), static.target_args(layout, slots, t)
+            module, args = static.TargetFunction(stream, layout, job.aux_layers), static.target_args(layout, slots, t)
         ml = convert(module.eval(), args, names_in, names_out, job.precision, target_function(t))
         _check_states(ml, layout, target_function(t))
         yield target_function(t), _save(ml, work / f"{target_function(t)}.mlpackage")
-    if job.drafter is not None:
+    if job.aux_layers:
+        yield from _eagle3_functions(job, lengths, s, work)
+    elif job.drafter is not None:
         job.step(f"converting the drafter step ({job.precision})")
         d_in, d_out = drafter_features(layout, job.sources)
         args = static.drafter_args(model, layout, job.sources, slots)
@@ -253,6 +292,25 @@ def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str,
         ml = convert(module.eval(), args, d_in, d_out, job.precision, DRAFTER_FUNCTION)
         _check_states(ml, layout, DRAFTER_FUNCTION)
         yield DRAFTER_FUNCTION, _save(ml, work / f"{DRAFTER_FUNCTION}.mlpackage")
+
+
+def _eagle3_functions(job: bundle.ExportJob, lengths: tuple[int, ...], scale: int, work: Path):
+    """An EAGLE-3 drafter's step and fc functions at each pass length (one progress step). fc runs in fp32 compute:
+    it reads the target's stream divided by `scale` (fp16 headroom) and multiplies it back, beyond fp16's range
+    where the stream is (gemma-3-270m: 104,061)."""
+    drafter = job.drafter.eval()
+    draft = bundle.eagle3_layout(drafter.cfg, job.layout.max_context)
+    (step_in, step_out), (fc_in, fc_out) = eagle3_features(draft)
+    job.step(f"converting the EAGLE-3 drafter's step and fc functions at T = {', '.join(map(str, lengths))} "
+             f"({job.precision})")
+    width = drafter.cfg.num_aux * drafter.cfg.hidden_size
+    for t in lengths:
+        ml = convert(static.Eagle3StepFunction(drafter).eval(), static.eagle3_step_args(drafter, draft, t), step_in,
+                     step_out, job.precision, eagle3_step_function(t))
+        yield eagle3_step_function(t), _save(ml, work / f"{eagle3_step_function(t)}.mlpackage")
+        ml = convert(static.Eagle3FcFunction(drafter, scale).eval(), (torch.zeros(1, t, width),), fc_in, fc_out,
+                     job.precision, eagle3_fc_function(t), fp32_compute=True)
+        yield eagle3_fc_function(t), _save(ml, work / f"{eagle3_fc_function(t)}.mlpackage")
 
 
 def _check_states(mlmodel, layout: kv.KVLayout, what: str) -> None:

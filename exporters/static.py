@@ -9,6 +9,11 @@ Signatures (names from edge_spec.contract.kv; a format may respell them, e.g. Co
               kind, the source layers' caches) -> (draft_token_ids [N], draft_logits [N], draft_hidden [1, 1, Ht])
 The drafter holds the target's embedding (and, for head_from="target", its output table) as constants. Ids and
 positions come in as int32 (what the ANE and the HTP index with) and are widened inside.
+An EAGLE-3 drafter instead (`io` binding; kv.eagle3_drafter_io / kv.eagle3_fc_io, ids int32):
+  target T:  as above, plus aux_hidden [1, T, n * H] after hidden
+  step T:    (input_ids [1, T], hidden [1, T, H], position_ids [1, T], draft_mask [1, 1, T, S_draft + T], its own
+              caches) -> (draft_token_ids [Vd], draft_logits [Vd], draft_hidden [1, 1, H] of the last row, new rows)
+  fc T:      aux_hidden [1, T, n * H] -> fused_hidden [1, T, H]
 
 The `state` binding (Core ML's MLState): the caches are buffers of the function module, k_cache_{l} / v_cache_{l}
 [1, H_kv, S_f, D] (S_f from edge_spec.runtimes.fixed.state_slots), written in place:
@@ -26,6 +31,7 @@ from torch import nn
 
 from edge_spec.contract import kv
 from edge_spec.model.drafter import Drafter
+from edge_spec.model.eagle3 import Eagle3Drafter
 from edge_spec.model.attention import attend_slots, group_mask
 from edge_spec.model.forms import PLACED, SPLIT, Form, Mask, Slots, State
 from edge_spec.model.ops import SPELLED_GELU, Ops
@@ -33,18 +39,51 @@ from edge_spec.model.transformer import Transformer
 
 
 class TargetFunction(nn.Module):
-    """(input_ids, position_ids, *masks, *caches) -> (logits, hidden, *new rows), slot attention."""
+    """(input_ids, position_ids, *masks, *caches) -> (logits, hidden, [aux,] *new rows), slot attention; `aux_layers`
+    (an EAGLE-3 drafter's): aux [1, T, n * H], the stream entering those layers (as the model carries it)."""
 
-    def __init__(self, model: Transformer, layout: kv.KVLayout):
+    def __init__(self, model: Transformer, layout: kv.KVLayout, aux_layers: tuple[int, ...] = ()):
         super().__init__()
-        self.model, self.kinds, self.form = model, layout.kinds(), slot_form(layout)
+        self.model, self.kinds, self.form, self.aux_layers = model, layout.kinds(), slot_form(layout), tuple(aux_layers)
 
     def forward(self, input_ids, position_ids, *rest):
         n = len(self.kinds)
         masks, caches = rest[:n], rest[n:]
         out = self.model(input_ids.long(), position_ids.long(), dict(zip(self.kinds, masks)), list(caches[0::2]),
-                         list(caches[1::2]), form=self.form, ops=SPELLED_GELU)
-        return (out.logits, out.hidden, *[r for k, v in zip(out.new_k, out.new_v) for r in (k, v)])
+                         list(caches[1::2]), form=self.form, ops=SPELLED_GELU, aux_layers=self.aux_layers)
+        aux = (out.aux,) if self.aux_layers else ()
+        return (out.logits, out.hidden, *aux, *[r for k, v in zip(out.new_k, out.new_v) for r in (k, v)])
+
+
+class Eagle3StepFunction(nn.Module):
+    """An EAGLE-3 drafter's T rows at one fixed T, `io` binding: (input_ids [1, T] int32, hidden [1, T, H],
+    position_ids [1, T] int32, draft_mask [1, 1, T, S + T], its own caches [1, H_kv, S, D] per layer) ->
+    (draft_token_ids [Vd] int32 (target ids), draft_logits [Vd], draft_hidden [1, 1, H] of the LAST row, the new
+    rows [1, H_kv, T, D] per layer). The runtime pads a shorter step at the front (edge_spec.runtimes.fixed_eagle3),
+    so the last row is always a real one. The drafter's own token table is a constant."""
+
+    def __init__(self, drafter: Eagle3Drafter):
+        super().__init__()
+        self.drafter = drafter
+        ids = drafter.target_ids(torch.arange(drafter.cfg.draft_vocab_size))
+        self.register_buffer("token_ids", ids.to(torch.int32))  # [Vd]
+
+    def forward(self, input_ids, hidden, position_ids, mask, *caches):
+        out = self.drafter(hidden, input_ids.long(), position_ids.long(), mask, list(caches[0::2]), list(caches[1::2]))
+        rows = [r for k, v in zip(out.new_k, out.new_v) for r in (k, v)]
+        return (self.token_ids + 0, out.logits[0, -1], out.hidden[:, -1:], *rows)  # + 0: a computed output
+
+
+class Eagle3FcFunction(nn.Module):
+    """aux [1, T, n * H] (the target function's, its stream divided by `scale`: edge_spec.model.headroom) ->
+    fused [1, T, H] = fc(norms(aux * scale)). Row by row: pad rows change no real row."""
+
+    def __init__(self, drafter: Eagle3Drafter, scale: float = 1.0):
+        super().__init__()
+        self.drafter, self.scale = drafter, float(scale)
+
+    def forward(self, aux):
+        return self.drafter.fuse(aux * self.scale if self.scale != 1.0 else aux)
 
 
 class PlacedTargetFunction(nn.Module):
@@ -203,6 +242,14 @@ def drafter_args(target: Transformer, layout: kv.KVLayout, sources: dict[str, in
     caches = tuple(torch.zeros(1, layout.caches[index[k]].num_kv_heads, slots[k], layout.caches[index[k]].head_dim)
                    for k in kinds for _ in "kv")
     return (input_ids, hidden, pos, *masks, *caches)
+
+
+def eagle3_step_args(drafter: Eagle3Drafter, draft: kv.KVLayout, t: int) -> tuple:
+    """Example inputs of `Eagle3StepFunction` at T = `t` over the drafter's own caches (layout `draft`)."""
+    s = draft.max_context
+    ids, pos = torch.zeros(1, t, dtype=torch.int32), torch.arange(1, t + 1, dtype=torch.int32)[None]
+    caches = tuple(torch.zeros(1, c.num_kv_heads, s, c.head_dim) for c in draft.caches for _ in "kv")
+    return (ids, torch.zeros(1, t, drafter.cfg.hidden_size), pos, torch.zeros(1, 1, t, s + t), *caches)
 
 
 def slot_form(layout: kv.KVLayout) -> Slots:

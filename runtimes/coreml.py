@@ -4,6 +4,9 @@ fixed slots), passes them to every call and writes the committed rows itself (ed
 `state` binding: one state (MLState: `make_state()` of the first function) is passed to every function's prediction,
 the target's and the drafter's; the functions write their rows themselves and `commit` only accepts.
 
+An eagle3 drafter (exporters/coreml.py): its step and fc functions at each length, run by
+runtimes/fixed_eagle3.py beside the backend, which hands it every pass's aux states.
+
 A pass of t tokens runs the function of the smallest exported length T >= t: rows t..T-1 are pad rows (the last
 token again at the next positions, each seeing only itself; never committed or returned). Cache columns past the
 runtime's layout (the full layers' headroom for pad rows) are masked.
@@ -23,7 +26,9 @@ from pathlib import Path
 
 from edge_spec.contract import kv
 from edge_spec.errors import BundleError, ConfigError
+from edge_spec.contract.manifest import EAGLE3, EAGLE3_FC_GRAPH
 from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
+from edge_spec.runtimes.fixed_eagle3 import FixedEagle3Drafter
 from edge_spec.contract.kv import KVLayout
 from edge_spec.runtimes.coreml_tools import import_coremltools
 
@@ -77,7 +82,14 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     if not entry.fixed or "lengths" not in entry.fixed:
         raise BundleError(f"{folder}: the coreml target entry lists no fixed pass lengths", _FIX)
     lengths, slots = fixed_shapes(entry, layout, "Core ML package")
-    names = list(lengths.values()) + ([manifest.graphs["drafter"].method] if manifest.drafter else [])
+    eagle3 = manifest.drafter is not None and manifest.drafter.kind == EAGLE3
+    drafters = [EAGLE3_FC_GRAPH, "drafter"] if eagle3 else []  # their functions at each length
+    lengths_of = {g: {int(t): f for t, f in (manifest.graphs[g].fixed or {}).get("lengths", {}).items()}
+                  for g in drafters}
+    if eagle3 and not all(lengths_of.values()):
+        raise BundleError(f"{folder}: the eagle3 drafter's entries list no fixed lengths", _FIX)
+    names = list(lengths.values()) + [f for g in drafters for f in lengths_of[g].values()]
+    names += [manifest.graphs["drafter"].method] if manifest.drafter and not eagle3 else []
     package = folder / entry.file
     state = layout.binding == kv.BINDING_STATE
     executor = os.environ.get(EXECUTOR_ENV, "")
@@ -92,8 +104,11 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     identity += f", {layout.binding} binding"
     functions = {t: predictors[name] for t, name in lengths.items()}
     backend = FixedBackend(functions, layout, slots, identity, name="coreml", feature=kv.feature_name,
-                           fix="re-export with --max-pass")
+                           fix="re-export with --max-pass", aux_width=kv.aux_size(entry.io))
     if manifest.drafter is None:
         return backend, None
+    if eagle3:  # runtimes/fixed_eagle3.py: its step and fc functions over its own cache (held here)
+        steps, fcs = ({t: predictors[f] for t, f in lengths_of[g].items()} for g in ("drafter", EAGLE3_FC_GRAPH))
+        return backend, FixedEagle3Drafter(steps, fcs, backend, manifest.drafter.draft_layout)
     sources = {kind: int(layer) for kind, layer in manifest.drafter.kv_sharing.items()}
     return backend, FixedDrafter(predictors[manifest.graphs["drafter"].method], backend, sources)

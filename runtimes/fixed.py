@@ -136,8 +136,12 @@ class FixedBackend:
     def __init__(self, functions: dict[int, Predictor], layout: KVLayout, slots: dict[str, int], identity: str, *,
                  name: str, feature: Callable[[str], str] = lambda n: n, mask_floor: float = kv.NEG_INF,
                  fix: str = "re-export with --max-pass", placed: bool = False, sink: Predictor | None = None,
-                 sink_tokens: frozenset[int] | None = None):
+                 sink_tokens: frozenset[int] | None = None, aux_width: int = 0):
         self.functions, self.layout, self.slots = functions, layout, slots
+        # an eagle3 bundle's target functions also return kv.AUX_HIDDEN [1, T, aux_width]; after each pass `aux_sink`
+        # (set by the eagle3 drafter, edge_spec/contract/eagle3_rows.py) gets (ids [t], positions [t], aux rows [t, .])
+        self.aux_width, self.aux_sink, self._aux = aux_width, None, None
+        assert not (aux_width and sink), "a host sink pass returns no aux states"
         # position 0 through its own length-1 graph (QNN: float activations on the host), the rest of a first pass
         # through the quantized graphs with that row in its slot (`first_pass`). `sink_tokens`: the first tokens the
         # sink holds (a table of precomputed rows, runtimes/qnn.py); a pass from another runs through the graphs
@@ -206,6 +210,8 @@ class FixedBackend:
         start = time.perf_counter()
         out = function(feeds)
         self.kernel_s += time.perf_counter() - start
+        if self.aux_width:
+            self._aux = np.asarray(out[self.feature(kv.AUX_HIDDEN)], dtype=np.float32)[0, :t]  # [t, n * H]
         new = [] if self.state else [np.asarray(out[self.feature(name(c.layer))])[:, :, :t]
                                      for c in self.layout.caches for name in (kv.k_new_name, kv.v_new_name)]
         return (np.asarray(out[self.feature(kv.LOGITS)], dtype=np.float32)[0, :t],
@@ -218,6 +224,8 @@ class FixedBackend:
             logits, hidden, new = self.first_pass(input_ids, position_ids, masks)
         else:
             logits, hidden, new = self.run(self.functions[self.length_for(t)], input_ids, position_ids, masks)
+        if self.aux_sink is not None:
+            self.aux_sink(input_ids[0], position_ids[0], self._aux)
         if not self.state:
             self._pending = new
         rows = slice(t - 1, t) if last_only else slice(0, t)

@@ -265,8 +265,8 @@ def test_quantized_bundles_store_no_float_vocabulary_table(target, tmp_path, pre
 
 
 def test_other_formats_refuse_an_eagle3_drafter(target, tmp_path):
-    with pytest.raises(ConfigError, match="onnx, executorch bundles only so far"):
-        export_bundle(target, tmp_path / "b", format="coreml", drafter=drafter_for(target), max_context=64)
+    with pytest.raises(ConfigError, match="onnx, executorch, coreml bundles only so far"):
+        export_bundle(target, tmp_path / "b", format="qnn", drafter=drafter_for(target), max_context=64)
     assert not (tmp_path / "b").exists()
 
 

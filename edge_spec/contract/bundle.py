@@ -106,7 +106,7 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
         if fmt.name not in EAGLE3_FORMATS:
             raise ConfigError(f"EAGLE-3 drafters export to {', '.join(EAGLE3_FORMATS)} bundles only so far, not "
                               f"{fmt.name} (issue 48)",
-                              "export with --format onnx or executorch, or without the drafter")
+                              "export with --format onnx, executorch or coreml, or without the drafter")
         sources = {}
     else:
         aux_layers = ()

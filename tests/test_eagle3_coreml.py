@@ -1,0 +1,119 @@
+"""EAGLE-3 drafters in Core ML packages (issue 48): every `target_{T}` function also returns aux_hidden, the drafter is
+`drafter_{T}` step and `drafter_fc_{T}` functions at the target's lengths over its own `io` cache
+(exporters/coreml.py, exporters/static.py Eagle3StepFunction), run by runtimes/fixed_eagle3.py. On Linux the package
+runs through the MIL reference executor (runtimes/coreml_mil.py), as tests/test_coreml.py runs MTP packages.
+
+A tiny random llama target and tiny random EAGLE-3 drafters (tests/test_eagle3_speculative.py `drafter_for`): fp32
+(norm_before_residual) and fp16 (fc_norm + norm_output). fp32: greedy speculative == plain and the same drafts
+accepted as the eager runtime at k = 1, 2, 4, also with an accept-all verifier (every burst rebuilds the committed
+rows from the target's states) and prompts longer than the longest function (a first step in chunks); fp16:
+speculative == plain and the host check passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_spec.api import load_bundle
+from edge_spec.contract import kv
+from edge_spec.contract.backend import Session
+from edge_spec.contract.bundle import export_bundle
+from edge_spec.contract.layout import kv_layout
+from edge_spec.contract.manifest import EAGLE3, read_manifest
+from edge_spec.decoding.sampling import SamplingParams
+from edge_spec.decoding.speculative import accept_all, generate_speculative
+from edge_spec.errors import ConfigError
+from edge_spec.runtimes.coreml import EXECUTOR_ENV
+from edge_spec.runtimes.fixed_eagle3 import front_pad_mask
+from edge_spec.runtimes.torch_eagle3 import eagle3_pair
+from tests.test_eagle3_onnx import spec_equals_plain, target  # noqa: F401 (target: a fixture)
+from tests.test_eagle3_speculative import drafter_for
+
+pytest.importorskip("coremltools")
+
+MAX_PASS = 6  # lengths 1, 2, 3, 5, 6: a 10-token prompt's first draft step runs 6 rows, then 4 padded to 5
+FORMS = {"fp32": ("fp32", {"norm_before_residual": True}), "fp16": ("fp16", {"fc_norm": True, "norm_output": True})}
+
+
+@pytest.fixture(autouse=True)
+def mil_executor(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv(EXECUTOR_ENV, "mil")
+    monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path_factory.getbasetemp() / "eagle3-coreml-cache"))
+
+
+@pytest.fixture(scope="module", params=list(FORMS))
+def exported(request, target, tmp_path_factory):
+    """(bundle folder, the eager drafter it was exported from, precision)."""
+    precision, options = FORMS[request.param]
+    drafter = drafter_for(target, seed=5, **options)
+    folder = export_bundle(target, tmp_path_factory.mktemp("eagle3-coreml") / "bundle", format="coreml",
+                           drafter=drafter, precision=precision, max_context=64, max_draft_len=4, max_pass=MAX_PASS)
+    return folder, drafter, precision
+
+
+def _prompt(seed: int, n: int = 10) -> list[int]:
+    return [int(i) for i in np.random.default_rng(seed).integers(4, 320, n)]
+
+
+def test_front_pad_mask_hides_pad_rows_from_real_rows():
+    m = front_pad_mask(s=2, t=2, n=4, slots=5)[0, 0] == 0  # [4, 9] visible
+    assert m[:, :2].all() and not m[:, 2:5].any()  # written slots only
+    assert m[0, 5:].tolist() == [True, False, False, False] and m[1, 5:].tolist() == [False, True, False, False]
+    assert m[2, 5:].tolist() == [False, False, True, False] and m[3, 5:].tolist() == [False, False, True, True]
+
+
+def test_manifest_records_the_functions_at_every_length(exported, target):
+    folder, _, _ = exported
+    m = read_manifest(folder)
+    assert m.drafter.kind == EAGLE3 and m.drafter.draft_layout.binding == kv.BINDING_IO
+    lengths = m.graphs["target"].fixed["lengths"]
+    assert m.graphs["drafter"].fixed["lengths"] == {t: f"drafter_{t}" for t in lengths}
+    assert m.graphs["drafter_fc"].fixed["lengths"] == {t: f"drafter_fc_{t}" for t in lengths}
+    assert kv.aux_size(m.graphs["target"].io) == 3 * target.config.hidden_size
+
+
+def test_greedy_speculative_equals_plain_and_drafts_as_eager(exported, target):
+    folder, drafter, precision = exported
+    engine = load_bundle(folder, host_check=False)
+    eager_backend, eager_drafter = eagle3_pair(target.model, drafter, kv_layout(target.config, 64))
+    for k in (1, 2, 4):
+        prompt = _prompt(k)
+        plain, stats = spec_equals_plain(engine, prompt, k)
+        if precision != "fp32":
+            continue
+        ref = generate_speculative(Session(eager_backend), eager_drafter, prompt, max_new_tokens=30,
+                                   params=SamplingParams(), rng=np.random.default_rng(0), stop_ids=engine.stop_ids,
+                                   k=k, vocab_size=target.config.vocab_size, lookup=False, adaptive=False)
+        assert ref.tokens == plain.tokens
+        assert list(stats.accepted) == list(ref.extra["spec"].accepted)  # the same drafts were accepted
+
+
+def test_accepted_drafts_are_recomputed_as_eager(exported, target):
+    """Every draft accepted (a wrong verifier on purpose): the package and the eager runtime give the same tokens only
+    if every burst rebuilds the committed rows from the target's states alike."""
+    folder, drafter, precision = exported
+    if precision != "fp32":
+        pytest.skip("compares drafts with the eager fp32 drafter")
+    engine = load_bundle(folder, host_check=False)
+    eager_backend, eager_drafter = eagle3_pair(target.model, drafter, kv_layout(target.config, 64))
+    runs = [generate_speculative(session, runner, _prompt(7), max_new_tokens=24, params=SamplingParams(),
+                                 rng=np.random.default_rng(0), stop_ids=frozenset(), k=4,
+                                 vocab_size=target.config.vocab_size, verifier=accept_all)
+            for session, runner in ((engine.session, engine.drafter), (Session(eager_backend), eager_drafter))]
+    assert runs[0].tokens == runs[1].tokens and runs[0].extra["spec"].accepted.sum() >= 10
+
+
+def test_the_host_check_passes_and_generate_speculates(exported):
+    folder, _, _ = exported
+    engine = load_bundle(folder)
+    prompt = _prompt(5)
+    plain = engine.generate(prompt, max_new_tokens=16, speculative=False)
+    spec = engine.generate(prompt, max_new_tokens=16, speculative=True, lookup=False, spec_k=3, adaptive=False)
+    assert spec.tokens == plain.tokens and spec.extra["spec"].drafted.sum() > 0
+
+
+def test_the_state_binding_refuses_an_eagle3_drafter(target, tmp_path):
+    with pytest.raises(ConfigError, match="--kv io"):
+        export_bundle(target, tmp_path / "b", format="coreml", drafter=drafter_for(target), max_context=64,
+                      max_draft_len=2, max_pass=3, binding="state")
+    assert not (tmp_path / "b").exists()
