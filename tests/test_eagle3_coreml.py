@@ -117,3 +117,25 @@ def test_the_state_binding_refuses_an_eagle3_drafter(target, tmp_path):
         export_bundle(target, tmp_path / "b", format="coreml", drafter=drafter_for(target), max_context=64,
                       max_draft_len=2, max_pass=3, binding="state")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("fp32_compute", [True, pytest.param(False, marks=pytest.mark.xfail(
+    strict=True, reason="the negative control: in fp16 compute aux * 4 overflows fp16 (65,504)"))])
+def test_fc_multiplies_the_scaled_stream_back_in_fp32(target, tmp_path, fp32_compute):
+    """An fp16 package carries the target's stream divided by a power of two (edge_spec.model.headroom); the fc
+    function multiplies aux back before the norms and fc, in fp32 compute: aux values beyond fp16's range (gemma-3's
+    stream reaches 104,061) come out as eager's fuse of the unscaled stream."""
+    import torch
+
+    from edge_spec.exporters import coreml, static
+    from edge_spec.runtimes.coreml_mil import load_functions
+
+    drafter = drafter_for(target, seed=2, norm_before_fc=True)
+    width = drafter.cfg.num_aux * drafter.cfg.hidden_size
+    aux = torch.randn(1, 3, width, generator=torch.Generator().manual_seed(0)) * 40_000  # > 65,504 in places
+    ml = coreml.convert(static.Eagle3FcFunction(drafter, 4).eval(), (torch.zeros(1, 3, width),), ["aux_hidden"],
+                        ["fused_hidden"], "fp16", "fc", fp32_compute=fp32_compute)
+    ml.save(str(tmp_path / "fc.mlpackage"))
+    got = next(iter(load_functions(tmp_path / "fc.mlpackage").values()))({"aux_hidden": (aux / 4).numpy()})
+    want = drafter.fuse(aux).detach().numpy()
+    assert np.abs(got["fused_hidden"] - want).max() <= 1e-3 * np.abs(want).max()
