@@ -21,12 +21,13 @@ from edge_spec.contract.bundle import export_bundle
 from edge_spec.contract.layout import kv_layout
 from edge_spec.contract.manifest import EAGLE3, read_manifest
 from edge_spec.decoding.sampling import SamplingParams
-from edge_spec.decoding.speculative import accept_all, generate_speculative
+from edge_spec.decoding.speculative import generate_speculative
 from edge_spec.errors import ConfigError
 from edge_spec.runtimes.coreml import EXECUTOR_ENV
 from edge_spec.runtimes.fixed_eagle3 import front_pad_mask
 from edge_spec.runtimes.torch_eagle3 import eagle3_pair
 from tests.test_eagle3_onnx import spec_equals_plain, target  # noqa: F401 (target: a fixture)
+from tests.eagle3_checks import assert_accept_all_as_eager, assert_host_check_passes_and_speculates
 from tests.test_eagle3_speculative import drafter_for
 
 pytest.importorskip("coremltools")
@@ -95,21 +96,13 @@ def test_accepted_drafts_are_recomputed_as_eager(exported, target):
     if precision != "fp32":
         pytest.skip("compares drafts with the eager fp32 drafter")
     engine = load_bundle(folder, host_check=False)
-    eager_backend, eager_drafter = eagle3_pair(target.model, drafter, kv_layout(target.config, 64))
-    runs = [generate_speculative(session, runner, _prompt(7), max_new_tokens=24, params=SamplingParams(),
-                                 rng=np.random.default_rng(0), stop_ids=frozenset(), k=4,
-                                 vocab_size=target.config.vocab_size, verifier=accept_all)
-            for session, runner in ((engine.session, engine.drafter), (Session(eager_backend), eager_drafter))]
-    assert runs[0].tokens == runs[1].tokens and runs[0].extra["spec"].accepted.sum() >= 10
+    eager = eagle3_pair(target.model, drafter, kv_layout(target.config, 64))
+    assert_accept_all_as_eager(engine, eager, _prompt(7), 4, 24, target.config.vocab_size)
 
 
 def test_the_host_check_passes_and_generate_speculates(exported):
     folder, _, _ = exported
-    engine = load_bundle(folder)
-    prompt = _prompt(5)
-    plain = engine.generate(prompt, max_new_tokens=16, speculative=False)
-    spec = engine.generate(prompt, max_new_tokens=16, speculative=True, lookup=False, spec_k=3, adaptive=False)
-    assert spec.tokens == plain.tokens and spec.extra["spec"].drafted.sum() > 0
+    assert_host_check_passes_and_speculates(folder, _prompt(5), 16)
 
 
 def test_the_state_binding_refuses_an_eagle3_drafter(target, tmp_path):

@@ -24,6 +24,7 @@ from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import accept_all, generate_speculative
 from edge_spec.runtimes.torch_eagle3 import eagle3_pair
 from tests.test_eagle3_onnx import spec_equals_plain, target, with_target_table  # noqa: F401 (target: a fixture)
+from tests.eagle3_checks import assert_accept_all_as_eager, assert_host_check_passes_and_speculates
 from tests.test_eagle3_speculative import drafter_for
 from tests.test_native import native  # noqa: F401 (the build fixture)
 from tests.test_native_eagle3 import ids_flag, serve
@@ -94,22 +95,14 @@ def test_accepted_drafts_are_recomputed_as_eager(exported, target):
     if precision != "fp32":
         pytest.skip("compares drafts with the eager fp32 drafter")
     engine = load_bundle(folder, host_check=False)
-    eager_backend, eager_drafter = eagle3_pair(target.model, drafter, kv_layout(target.config, 128))
+    eager = eagle3_pair(target.model, drafter, kv_layout(target.config, 128))
     for k in (2, 4):
-        runs = [generate_speculative(session, runner, _prompt(7, 9 + k), max_new_tokens=30, params=SamplingParams(),
-                                     rng=np.random.default_rng(0), stop_ids=frozenset(), k=k,
-                                     vocab_size=target.config.vocab_size, verifier=accept_all)
-                for session, runner in ((engine.session, engine.drafter), (Session(eager_backend), eager_drafter))]
-        assert runs[0].tokens == runs[1].tokens and runs[0].extra["spec"].accepted.sum() >= 10
+        assert_accept_all_as_eager(engine, eager, _prompt(7, 9 + k), k, 30, target.config.vocab_size)
 
 
 def test_the_host_check_passes_and_generate_speculates(exported):
     folder, _, _ = exported
-    engine = load_bundle(folder)
-    prompt = _prompt(5)
-    plain = engine.generate(prompt, max_new_tokens=20, speculative=False)
-    spec = engine.generate(prompt, max_new_tokens=20, speculative=True, lookup=False, spec_k=3, adaptive=False)
-    assert spec.tokens == plain.tokens and spec.extra["spec"].drafted.sum() > 0
+    assert_host_check_passes_and_speculates(folder, _prompt(5), 20)
 
 
 def test_the_native_runner_equals_the_python_runtime(native, exported):  # noqa: F811
