@@ -149,19 +149,19 @@ def test_export_writes_an_eagle3_drafter_into_an_onnx_bundle(tiny_llama, eagle3_
 
 @pytest.mark.parametrize("kind", ["eagle3", "mlp_speculator"])
 def test_export_with_a_speculators_drafter_is_refused(tiny_llama, eagle3_folder, tmp_path, capsys, kind):
-    """eagle3 in the formats that do not take it yet (coreml here), and Speculators' other algorithms anywhere."""
+    """eagle3 in the formats that do not take it yet (qnn), and Speculators' other algorithms anywhere."""
     drafter = eagle3_folder
     if kind != "eagle3":
         drafter = tmp_path / "mlp"
         drafter.mkdir()
         (drafter / "config.json").write_text(json.dumps({"speculators_model_type": kind}))
     out = tmp_path / "bundle"
-    fmt = ["--format", "coreml"] if kind == "eagle3" else []
+    fmt = ["--format", "qnn"] if kind == "eagle3" else []
     code = main(["export", "--model", str(tiny_llama[0]), "--drafter", str(drafter), "--out", str(out), *fmt])
     err = capsys.readouterr().err
     assert code == 2 and "error:" in err and "fix:" in err and "Traceback" not in err
     if kind == "eagle3":
-        assert "coreml" in err and "onnx, executorch" in err
+        assert "qnn" in err and "onnx, executorch, coreml" in err
     else:
         assert "'mlp_speculator'" in err
     assert not out.exists()
