@@ -31,7 +31,7 @@ from edge_spec.decoding.generate import GenerationResult, check_request, generat
 from edge_spec.decoding.hostcheck import HostCheck, checked
 from edge_spec.contract.kv import KVLayout
 from edge_spec.contract.bundle import eagle3_config
-from edge_spec.contract.manifest import EAGLE3, Manifest, content_id, read_manifest
+from edge_spec.contract.manifest import EAGLE3, EAGLE3_FORMATS, MTP, Manifest, content_id, read_manifest
 from edge_spec.contract.manifest_check import check_memory
 from edge_spec.decoding.datastore import Datastore
 from edge_spec.decoding.datastore_source import load_bundle_datastore, target_datastore
@@ -80,20 +80,52 @@ def check_seed(seed: int | None) -> None:
         raise ConfigError(f"seed must be an integer >= 0, got {seed!r}", "pass --seed 0 or a larger integer")
 
 
-def resolve_drafter(drafter: str, model: str) -> Path:
-    """'builtin' -> the drafter shipped for a built-in model; anything else is a folder path."""
-    if drafter != "builtin":
+DRAFTER_FAMILIES = (MTP, EAGLE3)  # what `--drafter builtin:FAMILY` names
+
+
+def drafter_family(folder: Path) -> str:
+    """'eagle3' for a Speculators EAGLE-3 folder, else 'mtp' (edge-spec's own drafter format)."""
+    return EAGLE3 if speculators_model_type(folder) == EAGLE3 else MTP
+
+
+def builtin_drafters(model: str) -> dict[str, Path]:
+    """family -> folder of the drafters shipped for a built-in model, the default first: BUILTIN_DRAFTERS/MODEL is
+    the default (the family that drafts best, docs/drafter.md), BUILTIN_DRAFTERS/MODEL-FAMILY the alternates."""
+    if model not in BUILTIN_MODELS:
+        return {}
+    found = {}
+    for folder in [BUILTIN_DRAFTERS / model] + [BUILTIN_DRAFTERS / f"{model}-{f}" for f in DRAFTER_FAMILIES]:
+        if (folder / "config.json").is_file():
+            found.setdefault(drafter_family(folder), folder)
+    return found
+
+
+def resolve_drafter(drafter: str, model: str, *, fmt: str | None = None) -> Path:
+    """'builtin' -> the drafter shipped for a built-in model (for format `fmt`: the default family when that format
+    carries it, else another shipped family the format does carry); 'builtin:FAMILY' -> that family's; anything
+    else is a folder path."""
+    if drafter != "builtin" and not drafter.startswith("builtin:"):
         return Path(drafter).expanduser()
-    folder = BUILTIN_DRAFTERS / model
-    if model not in BUILTIN_MODELS or not (folder / "config.json").is_file():
+    shipped = builtin_drafters(model)
+    if not shipped:
         raise CheckpointError(f"no built-in drafter is shipped for model {model!r}",
                               "pass --drafter PATH to a drafter folder, or train one with edge-spec train-drafter")
-    return folder
+    family = drafter.partition(":")[2]
+    if family:
+        if family not in shipped:
+            names = ", ".join(f"builtin:{f}" for f in shipped)
+            raise CheckpointError(f"no built-in {family!r} drafter is shipped for model {model!r} (it ships {names})",
+                                  f"name {names.split(', ')[0]} instead, or a drafter folder")
+        return shipped[family]
+    default = next(iter(shipped))
+    if fmt is not None and default == EAGLE3 and fmt not in EAGLE3_FORMATS and MTP in shipped:
+        return shipped[MTP]  # a format that runs no EAGLE-3 drafter yet (issue 48) gets the shipped MTP one
+    return shipped[default]
 
 
 def default_drafter(model: str) -> str | None:
     """'builtin' when `model` is a built-in name that ships a drafter, else None (what `export` uses by default)."""
-    return "builtin" if model in BUILTIN_MODELS and (BUILTIN_DRAFTERS / model / "config.json").is_file() else None
+    return "builtin" if builtin_drafters(model) else None
 
 
 class Engine:

@@ -82,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--model", default=DEFAULT_MODEL,
                      help="built-in name (smollm2-135m, gemma3-270m) or a Hugging Face checkpoint folder (default smollm2-135m)")
     exp.add_argument("--drafter", default=None,
-                     help="'builtin', a drafter folder or 'none' (default: the built-in drafter when the model ships "
-                          "one, as smollm2-135m does; otherwise none)")
+                     help="'builtin', 'builtin:mtp' / 'builtin:eagle3', a drafter folder or 'none' (default: the built-in "
+                          "drafter when the model ships one: smollm2-135m's MTP, gemma3-270m's EAGLE-3 (its MTP one "
+                          "for --format qnn); otherwise none)")
     exp.add_argument("--format", default=formats.DEFAULT_FORMAT, choices=list(formats.FORMATS),
                      help=cli_options.format_help())
     exp.add_argument("--quant", default=None, choices=list(formats.precisions()), help=cli_options.quant_help())
@@ -204,7 +205,8 @@ def cmd_bench_head(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from edge_spec.api import datastore_by_default, default_drafter, load_export_drafter, resolve_drafter
+    from edge_spec.api import (datastore_by_default, default_drafter, drafter_family, load_export_drafter,
+                                resolve_drafter)
     from edge_spec.contract.atomic import check_out
     from edge_spec.contract.bundle import export_bundle
     from edge_spec.contract.formats import check_binding, check_options, check_precision, exporter, get_format
@@ -231,7 +233,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:
         progress("loading the checkpoints")
-        drafter_folder = resolve_drafter(choice, args.model) if choice else None
+        drafter_folder = resolve_drafter(choice, args.model, fmt=args.format) if choice else None
+        if choice == "builtin" and drafter_folder != resolve_drafter(choice, args.model):
+            tqdm.write(f"export: {args.format} bundles carry no EAGLE-3 drafter yet: shipping {args.model}'s built-in "
+                       f"{drafter_family(drafter_folder)} drafter instead", file=sys.stderr)
         target = load_checkpoint(args.model)
         # an MTP drafter folder, or a Speculators EAGLE-3 one (onnx, executorch, coreml; qnn refuses it by name)
         drafter = load_export_drafter(drafter_folder, target) if drafter_folder else None

@@ -262,21 +262,41 @@ def test_train_drafter_pipeline_with_a_derived_table(tiny_llama, tmp_path):
     assert drafter.table.shape == (loaded.config.vocab_size, 32)
 
 
-def test_the_shipped_gemma3_drafter_is_the_e2b_shape_under_the_commit_budget():
-    """edge_spec/assets/drafters/gemma3-270m (docs/drafter.md): the table is derived from the target (only P is
-    stored), so the file stays under 25 MB; its shape is the Gemma-4 E2B assistant's."""
-    from edge_spec.api import BUILTIN_DRAFTERS, default_drafter
+def test_the_shipped_gemma3_drafters_are_under_the_commit_budget_and_builtin_picks_per_format():
+    """edge_spec/assets/drafters/gemma3-270m (docs/drafter.md): the EAGLE-3 drafter, the default since it drafts
+    better (tau 3.09 vs 2.83); gemma3-270m-mtp: the MTP drafter, the Gemma-4 E2B assistant's shape, its table derived
+    from the target (only P is stored). Both stay under 25 MB. `builtin` resolves to the default, except for a format
+    that runs no EAGLE-3 drafter (QNN), which gets the MTP one; `builtin:FAMILY` names one."""
+    from edge_spec.api import BUILTIN_DRAFTERS, builtin_drafters, default_drafter, resolve_drafter
+    from edge_spec.errors import CheckpointError
+    from edge_spec.loading.speculators_eagle3 import read_eagle3_config
     from edge_spec.model.drafter_sizes import BUDGET_BYTES
 
-    folder = BUILTIN_DRAFTERS / "gemma3-270m"
-    assert (folder / "model.safetensors").stat().st_size <= BUDGET_BYTES
-    drafter = load_drafter(folder)
+    shipped = builtin_drafters("gemma3-270m")
+    assert list(shipped) == ["eagle3", "mtp"]
+    assert shipped == {"eagle3": BUILTIN_DRAFTERS / "gemma3-270m", "mtp": BUILTIN_DRAFTERS / "gemma3-270m-mtp"}
+    for folder in shipped.values():
+        assert (folder / "model.safetensors").stat().st_size <= BUDGET_BYTES
+        assert "ai.google.dev/gemma/terms" in (folder / "NOTICE").read_text()
+    drafter = load_drafter(shipped["mtp"])
     text = drafter.cfg.raw["text_config"]
     assert drafter.cfg.raw["edge_spec"]["table_from"] == "target" and drafter.cfg.vocab_size == 262_144
     assert (text["hidden_size"], text["num_hidden_layers"], text["num_attention_heads"]) == (256, 4, 4)
     assert text["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
     assert (drafter.cfg.num_centroids, drafter.cfg.top_k_clusters) == (2048, 32)
+    assert read_eagle3_config(shipped["eagle3"]).draft_vocab_size == 6144
+
     assert default_drafter("gemma3-270m") == "builtin"
+    assert resolve_drafter("builtin", "gemma3-270m") == shipped["eagle3"]
+    for fmt in ("onnx", "executorch", "coreml"):
+        assert resolve_drafter("builtin", "gemma3-270m", fmt=fmt) == shipped["eagle3"]
+    assert resolve_drafter("builtin", "gemma3-270m", fmt="qnn") == shipped["mtp"]
+    assert resolve_drafter("builtin:mtp", "gemma3-270m", fmt="onnx") == shipped["mtp"]
+    assert resolve_drafter("builtin", "smollm2-135m", fmt="qnn") == BUILTIN_DRAFTERS / "smollm2-135m"
+    with pytest.raises(CheckpointError, match="builtin:mtp"):  # SmolLM2 ships its MTP drafter only
+        resolve_drafter("builtin:eagle3", "smollm2-135m")
+    with pytest.raises(CheckpointError, match="no built-in drafter"):
+        resolve_drafter("builtin", "some/folder")
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])

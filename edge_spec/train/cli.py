@@ -70,8 +70,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="dtype of the written weights (bfloat16: half the bytes; read back as float32)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--init", default=None,
-                    help="start from this drafter instead of a fresh one; its shape wins (mtp: 'builtin' or a drafter "
-                         "folder; eagle3: a Speculators eagle3 folder, its aux layers and vocabulary too)")
+                    help="start from this drafter instead of a fresh one; its shape wins ('builtin': the target's "
+                         "shipped drafter of --arch's family; or a drafter folder: mtp, or a Speculators eagle3 "
+                         "folder, its aux layers and vocabulary too)")
     tr.add_argument("--shard-bits", type=int, choices=[16, 4], default=None,
                     help="mtp only: teacher activations on disk: fp16 (16, the default), or 4-bit codes after a "
                          "Hadamard rotation (3.8x smaller)")
@@ -153,9 +154,13 @@ def check_arch_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} {kind} shape or training, not "
                           f"--arch {args.arch}'s", f"drop {' '.join(given)}, or pass --arch "
                           f"{'mtp' if args.arch == 'eagle3' else 'eagle3'}")
-    if args.arch == "eagle3" and args.init == "builtin":
-        raise ConfigError("--init builtin is the built-in MTP drafter; --arch eagle3 starts from a Speculators eagle3 "
-                          "folder", "pass --init EAGLE3_FOLDER, or drop --init")
+    if args.init is not None and (args.init == "builtin" or args.init.startswith("builtin:")):
+        from edge_spec.api import resolve_drafter  # the shipped drafter of --arch's family, as a folder
+        family = args.init.partition(":")[2] or args.arch
+        if family != args.arch:
+            raise ConfigError(f"--init {args.init} is an {family} drafter, not an --arch {args.arch} one",
+                              f"pass --init builtin:{args.arch}, a drafter folder of that family, or drop --init")
+        args.init = str(resolve_drafter(f"builtin:{args.arch}", args.target))
 
 
 def _train(args: argparse.Namespace, dist) -> dict:
@@ -206,8 +211,7 @@ def _train_mtp(args: argparse.Namespace, dist) -> dict:
                       bf16=not args.fp32)
     init = None
     if args.init:
-        from edge_spec.api import resolve_drafter
-        init = resolve_drafter(args.init, args.target)
+        init = Path(args.init).expanduser()  # 'builtin' was resolved to its folder by check_arch_options
     report = run(load(args.target), Path(args.out), data=args.data, max_tokens=args.max_tokens,
                  max_chat_prompts=args.max_chat_prompts, chat_templates=args.chat_templates,
                  max_regen_text=args.regen_text, chat_max_new=args.regen_tokens,

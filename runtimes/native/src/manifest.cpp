@@ -215,7 +215,7 @@ void verify_eagle3(const Manifest& m, const std::string& path) {
                            contract::FORMAT_ONNX + ", " + contract::FORMAT_EXECUTORCH +
                            " bundles only so far (the native runner too)",
                        std::string("re-export with --format ") + contract::FORMAT_ONNX + " or " +
-                           contract::FORMAT_EXECUTORCH);
+                           contract::FORMAT_EXECUTORCH + ", or with an MTP drafter (--drafter builtin:mtp)");
   if (!d.kv_sharing.empty() || !m.raw.at("drafter").get("draft_kv").is_object() || d.draft_vocab_size <= 0 ||
       d.draft_vocab_size > m.vocab_size)
     throw bundle_error(path + ": the eagle3 drafter entry needs draft_kv, draft_vocab_size in [1, " +
