@@ -40,8 +40,8 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                        help="--peer onnxruntime-genai model precisions (default: the bundle's, fp32 for fp16)")
     bench.add_argument("--peer-gguf", nargs="+", default=None, help="GGUF files for --peer llama.cpp")
     bench.add_argument("--peer-quant", nargs="+", default=None, choices=list(LLAMA_CPP_QUANTS),
-                       help="--peer llama.cpp on the built-in SmolLM2 GGUF (Q4_1) re-encoded by llama.cpp as these "
-                            "types (default q4_1: the file itself)")
+                       help="--peer llama.cpp on the built-in target's own GGUF (SmolLM2: Q4_1, gemma-3-270m: "
+                            "Q4_K_M) re-encoded by llama.cpp as these types (default: the file itself)")
 
 
 def from_args(args: argparse.Namespace, engine) -> list:
@@ -49,7 +49,6 @@ def from_args(args: argparse.Namespace, engine) -> list:
     missing package or file fails first, not after it. Each runs in a process of its own (peers/isolated.py), so its
     peak resident memory is its own."""
     from edge_spec.loading.gguf_common import cache_root
-    from edge_spec.loading.gguf_import import find_smollm2_gguf
 
     from .isolated import IsolatedPeer
 
@@ -64,9 +63,11 @@ def from_args(args: argparse.Namespace, engine) -> list:
             if not p.is_file():
                 raise ConfigError(f"GGUF file {p} does not exist", "pass existing files to --peer-gguf")
         if args.peer_quant or not gguf:
-            source = find_smollm2_gguf()
-            gguf += [peer_gguf(source, kind, cache) for kind in args.peer_quant or ["q4_1"]]
-        runners += [IsolatedPeer(LlamaCppPeer, path, threads=args.threads) for path in gguf]
+            source = target_gguf(engine)
+            gguf += [peer_gguf(source, kind, cache) for kind in args.peer_quant] if args.peer_quant else [source]
+        # a GGUF of another model would decode our token ids as its own (or fail inside llama.cpp): refused first
+        runners += [IsolatedPeer(LlamaCppPeer, path, threads=args.threads, vocab_size=target_vocab_size(engine))
+                    for path in gguf]
     if "onnxruntime-genai" in wanted:
         from .genai import OrtGenaiPeer, genai_model
 
@@ -91,6 +92,31 @@ def _executorch_peer(model: Path, source: Path, threads: int | None, precision: 
 
     decode = functools.partial(Tokenizer(source).decode, skip_special=False)
     return ExecutorchRunnerPeer(model, source / "tokenizer.json", decode, threads=threads, precision=precision)
+
+
+def target_name(engine) -> str | None:
+    """The target's built-in name (smollm2-135m, gemma3-270m) when it is one, else None."""
+    from edge_spec.loading.checkpoints import BUILTIN_MODELS
+
+    name = engine.manifest.target.name if engine.manifest else getattr(engine.loaded, "name", None)
+    return name if name in BUILTIN_MODELS else None
+
+
+def target_vocab_size(engine) -> int:
+    return engine.manifest.vocab_size if engine.manifest else engine.loaded.config.vocab_size
+
+
+def target_gguf(engine) -> Path:
+    """The GGUF a built-in target was converted from: what `--peer llama.cpp` decodes without --peer-gguf."""
+    name = target_name(engine)
+    if name == "smollm2-135m":
+        from edge_spec.loading.gguf_import import find_smollm2_gguf
+        return find_smollm2_gguf()
+    if name == "gemma3-270m":
+        from edge_spec.loading.gguf_gemma3 import find_gemma3_gguf
+        return find_gemma3_gguf()
+    raise ConfigError("--peer llama.cpp has no GGUF of this target: it is not a built-in model (smollm2-135m, "
+                      "gemma3-270m)", "pass --peer-gguf PATH, a GGUF of the same checkpoint")
 
 
 def target_folder(engine) -> Path:

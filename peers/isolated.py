@@ -4,8 +4,9 @@
 runtime and every peer together. `IsolatedPeer(factory, *args, **kwargs)` builds `factory(*args, **kwargs)` (a peer
 class: LlamaCppPeer, OrtGenaiPeer, ...) in a child process and forwards `warm_up`, `run` and `result` to it over a
 pipe, one call at a time (bench calls them between its own runs, so the timing and interleaving are unchanged: the
-peer times itself inside the child). `result()` gains `peak_rss_mb`, the child's peak resident memory. An error in
-the child is raised again here; a child that dies is an error naming the peer.
+peer times itself inside the child). `result()` gains `peak_rss_mb`, the child's peak resident memory. An edge-spec
+error in the child is raised again here; any other (a peer library's own) and a child that dies are errors naming
+the peer.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import multiprocessing
 import resource
 import sys
 
-from edge_spec.errors import ConfigError
+from edge_spec.errors import ConfigError, EdgeSpecError
 
 
 def peak_rss_mb() -> float:
@@ -58,7 +59,13 @@ class IsolatedPeer:
             raise ConfigError(f"the {self.name} peer's process ended (exit code {self._proc.exitcode})",
                               "run the peer alone to see why (edge-spec bench --peer ...)") from None
         if not ok:
-            raise value
+            if isinstance(value, EdgeSpecError):
+                raise value
+            # a peer library's own failure (llama.cpp's "llama_decode returned -1", ...): an error naming the peer,
+            # not a traceback through the pipe
+            raise ConfigError(f"the {self.name} peer failed: {type(value).__name__}: {value}",
+                              "run that peer alone (edge-spec bench --peer NAME) and check its model "
+                              "(--peer-gguf, --genai-precision)") from value
         return value
 
     def _call(self, name: str, *args):

@@ -27,7 +27,8 @@ class LlamaCppPeer(PeerTimes):
     (AMX tiles, repacked quant layouts). Off by default: with them, llama-cpp-python 0.3.36 built here
     segfaults on quantized models on this AMX CPU (f32 runs)."""
 
-    def __init__(self, gguf: Path, *, threads: int | None, label: str | None = None, extra_bufts: bool = False):
+    def __init__(self, gguf: Path, *, threads: int | None, label: str | None = None, extra_bufts: bool = False,
+                 vocab_size: int | None = None):
         _require_llama_cpp()
         from llama_cpp import Llama
         import llama_cpp.llama_cpp as lowlevel
@@ -49,6 +50,10 @@ class LlamaCppPeer(PeerTimes):
                              verbose=False)
         finally:
             lowlevel.llama_model_default_params = defaults
+        if vocab_size is not None and self.llm.n_vocab() != vocab_size:
+            raise ConfigError(f"{self.gguf.name} has a vocabulary of {self.llm.n_vocab():,} tokens, the target's has "
+                              f"{vocab_size:,}: it is another model, which would decode our token ids as its own",
+                              "pass --peer-gguf PATH, a GGUF of the bundle's own checkpoint")
 
     def warm_up(self, ids: list[int]) -> None:
         self.llm.generate(ids[:8], temp=0.0).__next__()

@@ -275,8 +275,9 @@ def test_an_isolated_peer_runs_in_its_own_process_and_its_errors_come_back():
     peer.run([3], 1)  # still serving after an error
     assert peer.result()["runs"] == [[1, 2], [3]]
     peer.close()
-    with pytest.raises(ValueError, match="cannot build this peer"):
-        IsolatedPeer(_EchoPeer, fail_on_build=True)
+    with pytest.raises(ConfigError, match="_EchoPeer peer failed: ValueError: cannot build this peer") as err:
+        IsolatedPeer(_EchoPeer, fail_on_build=True)  # a library's own error: named, the CLI prints no traceback
+    assert isinstance(err.value.__cause__, ValueError)
 
 
 def test_the_genai_peer_precision_follows_the_bundles_weights():
@@ -286,3 +287,27 @@ def test_the_genai_peer_precision_follows_the_bundles_weights():
     want = {"fp32": "fp32", "fp16": "fp32", "int8": "int8", "int4": "int4", "int4-gguf": "int4", "8da4w": "int4",
             "8da4w-gguf": "int4", "16a8w": "fp32"}
     assert {p: genai_precision(p) for p in want} == want
+
+
+def test_the_llama_cpp_peer_decodes_the_targets_own_gguf_and_refuses_another_models():
+    """Without --peer-gguf, llama.cpp decodes the GGUF the built-in target came from (a gemma-3-270m bundle used to
+    get SmolLM2's, and llama.cpp failed on its token ids mid-run with a traceback); a target that is no built-in
+    needs --peer-gguf; a GGUF whose vocabulary is not the target's is refused before any run."""
+    from types import SimpleNamespace
+
+    from edge_spec.loading.gguf_import import find_smollm2_gguf
+    from edge_spec.peers import target_gguf
+
+    def engine(name, vocab_size=49152):
+        target = SimpleNamespace(name=name)
+        return SimpleNamespace(manifest=SimpleNamespace(target=target, vocab_size=vocab_size), loaded=None)
+
+    assert target_gguf(engine("smollm2-135m")) == find_smollm2_gguf()
+    with pytest.raises(ConfigError, match="--peer-gguf"):
+        target_gguf(engine("/some/checkpoint/folder"))
+    pytest.importorskip("llama_cpp")  # the `peers` extra (built from source): not in `make venv`
+    from edge_spec.peers.llamacpp import LlamaCppPeer
+
+    with pytest.raises(ConfigError, match="vocabulary of 49,152 tokens, the target's has 262,144"):
+        LlamaCppPeer(find_smollm2_gguf(), threads=1, vocab_size=262_144)
+    assert LlamaCppPeer(find_smollm2_gguf(), threads=1, vocab_size=49_152).llm.n_vocab() == 49_152
