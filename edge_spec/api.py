@@ -31,7 +31,7 @@ from edge_spec.decoding.generate import GenerationResult, check_request, generat
 from edge_spec.decoding.hostcheck import HostCheck, checked
 from edge_spec.contract.kv import KVLayout
 from edge_spec.contract.bundle import eagle3_config
-from edge_spec.contract.manifest import EAGLE3, EAGLE3_FORMATS, MTP, Manifest, content_id, read_manifest
+from edge_spec.contract.manifest import EAGLE3, MTP, NATIVE_EAGLE3_FORMATS, Manifest, content_id, read_manifest
 from edge_spec.contract.manifest_check import check_memory
 from edge_spec.decoding.datastore import Datastore
 from edge_spec.decoding.datastore_source import load_bundle_datastore, target_datastore
@@ -101,9 +101,10 @@ def builtin_drafters(model: str) -> dict[str, Path]:
 
 
 def resolve_drafter(drafter: str, model: str, *, fmt: str | None = None) -> Path:
-    """'builtin' -> the drafter shipped for a built-in model (for format `fmt`: the default family when that format
-    carries it, else another shipped family the format does carry); 'builtin:FAMILY' -> that family's; anything
-    else is a folder path."""
+    """'builtin' -> the drafter shipped for a built-in model (for format `fmt`: the default family when every runtime
+    of that format runs it, the native runner of the phone apps included, else the shipped MTP drafter: an EAGLE-3
+    default gives QNN and Core ML bundles the MTP one); 'builtin:FAMILY' -> that family's; anything else is a
+    folder path."""
     if drafter != "builtin" and not drafter.startswith("builtin:"):
         return Path(drafter).expanduser()
     shipped = builtin_drafters(model)
@@ -118,8 +119,8 @@ def resolve_drafter(drafter: str, model: str, *, fmt: str | None = None) -> Path
                                   f"name {names.split(', ')[0]} instead, or a drafter folder")
         return shipped[family]
     default = next(iter(shipped))
-    if fmt is not None and default == EAGLE3 and fmt not in EAGLE3_FORMATS and MTP in shipped:
-        return shipped[MTP]  # a format that runs no EAGLE-3 drafter yet (issue 48) gets the shipped MTP one
+    if fmt is not None and default == EAGLE3 and fmt not in NATIVE_EAGLE3_FORMATS and MTP in shipped:
+        return shipped[MTP]  # a format some runtime of which runs no EAGLE-3 drafter yet (issue 48): the MTP one
     return shipped[default]
 
 

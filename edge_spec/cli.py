@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--drafter", default=None,
                      help="'builtin', 'builtin:mtp' / 'builtin:eagle3', a drafter folder or 'none' (default: the built-in "
                           "drafter when the model ships one: smollm2-135m's MTP, gemma3-270m's EAGLE-3 (its MTP one "
-                          "for --format qnn); otherwise none)")
+                          "for --format qnn and coreml); otherwise none)")
     exp.add_argument("--format", default=formats.DEFAULT_FORMAT, choices=list(formats.FORMATS),
                      help=cli_options.format_help())
     exp.add_argument("--quant", default=None, choices=list(formats.precisions()), help=cli_options.quant_help())
@@ -235,8 +235,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         progress("loading the checkpoints")
         drafter_folder = resolve_drafter(choice, args.model, fmt=args.format) if choice else None
         if choice == "builtin" and drafter_folder != resolve_drafter(choice, args.model):
-            tqdm.write(f"export: {args.format} bundles carry no EAGLE-3 drafter yet: shipping {args.model}'s built-in "
-                       f"{drafter_family(drafter_folder)} drafter instead", file=sys.stderr)
+            tqdm.write(f"export: not every runtime of {args.format} bundles runs an EAGLE-3 drafter yet (QNN none, the "
+                       f"native runner of the iOS app no Core ML one): shipping {args.model}'s built-in "
+                       f"{drafter_family(drafter_folder)} drafter (--drafter builtin:eagle3 where the Python runtime "
+                       "is enough)", file=sys.stderr)
         target = load_checkpoint(args.model)
         # an MTP drafter folder, or a Speculators EAGLE-3 one (onnx, executorch, coreml; qnn refuses it by name)
         drafter = load_export_drafter(drafter_folder, target) if drafter_folder else None

@@ -266,7 +266,8 @@ def test_the_shipped_gemma3_drafters_are_under_the_commit_budget_and_builtin_pic
     """edge_spec/assets/drafters/gemma3-270m (docs/drafter.md): the EAGLE-3 drafter, the default since it drafts
     better (tau 3.09 vs 2.83); gemma3-270m-mtp: the MTP drafter, the Gemma-4 E2B assistant's shape, its table derived
     from the target (only P is stored). Both stay under 25 MB. `builtin` resolves to the default, except for a format
-    that runs no EAGLE-3 drafter (QNN), which gets the MTP one; `builtin:FAMILY` names one."""
+    some runtime of which runs no EAGLE-3 drafter (QNN; Core ML's native runner), which gets the MTP one;
+    `builtin:FAMILY` names one."""
     from edge_spec.api import BUILTIN_DRAFTERS, builtin_drafters, default_drafter, resolve_drafter
     from edge_spec.errors import CheckpointError
     from edge_spec.loading.speculators_eagle3 import read_eagle3_config
@@ -288,9 +289,11 @@ def test_the_shipped_gemma3_drafters_are_under_the_commit_budget_and_builtin_pic
 
     assert default_drafter("gemma3-270m") == "builtin"
     assert resolve_drafter("builtin", "gemma3-270m") == shipped["eagle3"]
-    for fmt in ("onnx", "executorch", "coreml"):
+    for fmt in ("onnx", "executorch"):  # every runtime of these formats runs it, the native runner too
         assert resolve_drafter("builtin", "gemma3-270m", fmt=fmt) == shipped["eagle3"]
-    assert resolve_drafter("builtin", "gemma3-270m", fmt="qnn") == shipped["mtp"]
+    for fmt in ("qnn", "coreml"):  # QNN exports none; the native runner (iOS) runs no Core ML one
+        assert resolve_drafter("builtin", "gemma3-270m", fmt=fmt) == shipped["mtp"]
+    assert resolve_drafter("builtin:eagle3", "gemma3-270m", fmt="coreml") == shipped["eagle3"]
     assert resolve_drafter("builtin:mtp", "gemma3-270m", fmt="onnx") == shipped["mtp"]
     assert resolve_drafter("builtin", "smollm2-135m", fmt="qnn") == BUILTIN_DRAFTERS / "smollm2-135m"
     with pytest.raises(CheckpointError, match="builtin:mtp"):  # SmolLM2 ships its MTP drafter only
