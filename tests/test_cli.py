@@ -186,3 +186,24 @@ def test_utf8_prompt_from_stdin_is_read_as_text(folder, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("w5 w6 é".encode())))
     code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "-", "--max-new-tokens", "2")
     assert code == 0 and "prompt 3 tok" in err
+
+
+@pytest.mark.parametrize("fmt, family", [("onnx", "eagle3"), ("qnn", "mtp"), ("coreml", "mtp")])
+def test_export_names_the_builtin_drafter_a_format_gets(fmt, family, tmp_path, monkeypatch, capsys):
+    """gemma3-270m's default drafter is EAGLE-3; a format one of whose runtimes runs none (QNN; Core ML's native
+    runner) exports its MTP drafter and says so. The checkpoint load is stopped: only the choice is under test."""
+    import edge_spec.api as api
+    from edge_spec.errors import ConfigError
+    from edge_spec.loading import checkpoints
+
+    def stop(model):
+        raise ConfigError("stopped before loading", "none")
+
+    picked, real = [], api.resolve_drafter
+    monkeypatch.setattr(checkpoints, "load", stop)
+    monkeypatch.setattr(api, "resolve_drafter", lambda *a, **k: picked.append(real(*a, **k)) or picked[-1])
+    assert main(["export", "--model", "gemma3-270m", "--format", fmt, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert picked[0] == api.builtin_drafters("gemma3-270m")[family] and "stopped before loading" in err
+    assert ("shipping gemma3-270m's built-in mtp drafter" in err) == (family == "mtp"), err
+    assert not (tmp_path / "b").exists()
