@@ -128,7 +128,9 @@ def test_bridge_generates_the_python_tokens_cancels_and_raises_the_runners_error
     # cancel: listener stop after 3 tokens, cancel() from another thread, TokenStream.cancel() after 3 reads
     assert report["listener_stop_tokens"] == 3
     assert 2 <= report["thread_cancel_tokens"] < 100
-    assert 3 <= report["stream_cancel_read"] <= 5
+    # the queue holds two events (one token + the end slot, either may be a token) and a put() may be in flight when
+    # cancel() lands: up to 3 more than read, the bound android_demo/host/BridgeCheck.kt checks (a 6 came up once)
+    assert 3 <= report["stream_cancel_read"] <= 6
 
     # the runner's errors, as EdgeSpecException(code, message) with its words
     assert report["missing_error"]["status"] == "bundle"
