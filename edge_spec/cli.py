@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="built-in name (smollm2-135m, gemma3-270m) or a Hugging Face checkpoint folder (default smollm2-135m)")
     exp.add_argument("--drafter", default=None,
                      help="'builtin', 'builtin:mtp' / 'builtin:eagle3', a drafter folder or 'none' (default: the built-in "
-                          "drafter when the model ships one: smollm2-135m's MTP, gemma3-270m's EAGLE-3 (its MTP one "
-                          "for --format qnn and coreml); otherwise none)")
+                          "drafter when the model ships one: its EAGLE-3 drafter for smollm2-135m and gemma3-270m (their MTP "
+                          "one for --format qnn and coreml); otherwise none)")
     exp.add_argument("--format", default=formats.DEFAULT_FORMAT, choices=list(formats.FORMATS),
                      help=cli_options.format_help())
     exp.add_argument("--quant", default=None, choices=list(formats.precisions()), help=cli_options.quant_help())

@@ -157,14 +157,13 @@ def test_bridge_generates_the_python_tokens_cancels_and_raises_the_runners_error
 def smollm2_android_pte(smollm2, converted):
     """SmolLM2-135M + the built-in drafter as one fp32 .pte (what `edge-spec export --format executorch` writes; ~8 min
     on 2 cores). Reuses tests/test_native.py's export when that ran earlier in the same session."""
-    from edge_spec.api import resolve_drafter
-    from edge_spec.loading.checkpoints import load_drafter
+    from edge_spec.api import load_export_drafter, resolve_drafter
     from edge_spec.exporters.executorch import export_bundle
 
     shared = converted.parent / "bundle-native-fp32"
     if (shared / "manifest.json").exists():
         return shared
-    drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
+    drafter = load_export_drafter(resolve_drafter("builtin", "smollm2-135m", fmt="executorch"), smollm2)
     return export_bundle(smollm2, converted.parent / "bundle-android-fp32", drafter=drafter, precision="fp32",
                          max_context=256)
 

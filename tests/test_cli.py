@@ -188,10 +188,11 @@ def test_utf8_prompt_from_stdin_is_read_as_text(folder, capsys, monkeypatch):
     assert code == 0 and "prompt 3 tok" in err
 
 
-@pytest.mark.parametrize("fmt, family", [("onnx", "eagle3"), ("qnn", "mtp"), ("coreml", "mtp")])
-def test_export_names_the_builtin_drafter_a_format_gets(fmt, family, tmp_path, monkeypatch, capsys):
-    """gemma3-270m's default drafter is EAGLE-3; a format one of whose runtimes runs none (QNN; Core ML's native
-    runner) exports its MTP drafter and says so. The checkpoint load is stopped: only the choice is under test."""
+@pytest.mark.parametrize("model", ["gemma3-270m", "smollm2-135m"])
+@pytest.mark.parametrize("fmt, family", [("onnx", "eagle3"), ("executorch", "eagle3"), ("qnn", "mtp"), ("coreml", "mtp")])
+def test_export_names_the_builtin_drafter_a_format_gets(model, fmt, family, tmp_path, monkeypatch, capsys):
+    """Both built-in models' default drafter is EAGLE-3; a format one of whose runtimes runs none (QNN; Core ML's
+    native runner) exports the MTP drafter and says so. The checkpoint load is stopped: only the choice is under test."""
     import edge_spec.api as api
     from edge_spec.errors import ConfigError
     from edge_spec.loading import checkpoints
@@ -202,8 +203,8 @@ def test_export_names_the_builtin_drafter_a_format_gets(fmt, family, tmp_path, m
     picked, real = [], api.resolve_drafter
     monkeypatch.setattr(checkpoints, "load", stop)
     monkeypatch.setattr(api, "resolve_drafter", lambda *a, **k: picked.append(real(*a, **k)) or picked[-1])
-    assert main(["export", "--model", "gemma3-270m", "--format", fmt, "--out", str(tmp_path / "b")]) == 2
+    assert main(["export", "--model", model, "--format", fmt, "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
-    assert picked[0] == api.builtin_drafters("gemma3-270m")[family] and "stopped before loading" in err
-    assert ("shipping gemma3-270m's built-in mtp drafter" in err) == (family == "mtp"), err
+    assert picked[0] == api.builtin_drafters(model)[family] and "stopped before loading" in err
+    assert (f"shipping {model}'s built-in mtp drafter" in err) == (family == "mtp"), err
     assert not (tmp_path / "b").exists()

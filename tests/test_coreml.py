@@ -308,10 +308,9 @@ def smollm2_package(smollm2, converted):
     """SmolLM2-135M + the built-in drafter as one fp16 package (the default precision), passes of 1, 2, 3, 5, 9."""
     import time
 
-    from edge_spec.api import resolve_drafter
-    from edge_spec.loading.checkpoints import load_drafter
+    from edge_spec.api import load_export_drafter, resolve_drafter
 
-    drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
+    drafter = load_export_drafter(resolve_drafter("builtin", "smollm2-135m", fmt="coreml"), smollm2)
     start = time.perf_counter()
     folder = export_bundle(smollm2, converted.parent / "bundle-coreml-fp16", drafter=drafter, max_context=256,
                            max_pass=9)

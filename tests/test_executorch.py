@@ -72,7 +72,7 @@ def smollm2_pte(smollm2, converted):
     from edge_spec.api import resolve_drafter
     from edge_spec.loading.checkpoints import load_drafter
 
-    drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
+    drafter = load_drafter(resolve_drafter("builtin:mtp", "smollm2-135m"))
     return export_bundle(smollm2, converted.parent / "bundle-et-fp32", drafter=drafter, max_context=256)
 
 

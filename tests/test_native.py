@@ -310,11 +310,10 @@ def test_kv_vectors_pass_in_cpp(native):
 @pytest.fixture(scope="module", params=["fp32", "8da4w"])
 def smollm2_native_pte(request, smollm2, converted):
     """SmolLM2-135M + the built-in drafter as one .pte (fp32: ~8 min to export on 2 cores; 8da4w: longer)."""
-    from edge_spec.api import resolve_drafter
-    from edge_spec.loading.checkpoints import load_drafter
+    from edge_spec.api import load_export_drafter, resolve_drafter
     from edge_spec.exporters.executorch import export_bundle
 
-    drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
+    drafter = load_export_drafter(resolve_drafter("builtin", "smollm2-135m", fmt="executorch"), smollm2)
     return export_bundle(smollm2, converted.parent / f"bundle-native-{request.param}", drafter=drafter,
                          precision=request.param, max_context=256)
 

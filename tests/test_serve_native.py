@@ -181,11 +181,10 @@ def test_bench_serve_measures_both_runtimes_and_their_texts_agree(ort_native, bu
 @pytest.fixture(scope="module")
 def smollm2_serve_bundle(smollm2, converted):
     """SmolLM2-135M-Instruct + its built-in drafter as `make demo` exports it (ONNX int4)."""
-    from edge_spec.api import resolve_drafter
+    from edge_spec.api import load_export_drafter, resolve_drafter
     from edge_spec.exporters.onnx import export_bundle
-    from edge_spec.loading.checkpoints import load_drafter
 
-    drafter = load_drafter(resolve_drafter("builtin", "smollm2-135m"))
+    drafter = load_export_drafter(resolve_drafter("builtin", "smollm2-135m", fmt="onnx"), smollm2)
     return export_bundle(smollm2, converted.parent / "bundle-serve-int4", drafter=drafter, precision="int4",
                          max_context=512)
 
