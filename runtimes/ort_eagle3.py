@@ -5,7 +5,8 @@ runtimes/torch_eagle3.py, with the same begin / step semantics (read its docstri
     hands each pass's (ids, positions, aux rows) to `AuxRecord`, which keeps them by position; which rows a step
     runs and which stay committed: edge_spec/contract/eagle3_rows.py;
   * fc fusion: the bundle's fc graph (kv.eagle3_fc_io) runs once per burst over the target rows not yet fused
-    (the missing rows c + 1..L read the aux states at c..L - 1);
+    (the missing rows c + 1..L read the aux states at c..L - 1), kv.EAGLE3_FIRST_CHUNK rows at a time (fc, then the
+    step graph over those rows, written before the next chunk reads them: a long prompt never runs as one pass);
   * its own cache: runtimes/io_caches.IoCaches over the manifest's draft layout (kind kv.DRAFT_KIND, one cache per
     drafter layer, slot p - 1 = position p); every step binds the bucket of slots in use and writes its new rows
     after the ones written this burst. `begin` rewinds the written count to the committed rows that still agree with
@@ -49,15 +50,23 @@ class OrtEagle3Drafter(Eagle3Drafting):
 
     def step(self, token: int, hidden: np.ndarray) -> DraftStep:
         rows = self.rows.next(token)
-        t = len(rows.ids)
-        if rows.first:
-            x = self._fuse(self.record.aux[rows.aux_from:rows.aux_from + t])  # [1, T, H]
+        if rows.first:  # the missing rows, kv.EAGLE3_FIRST_CHUNK at a time: fc over their aux states, then the step
+            for a in range(0, len(rows.ids), kv.EAGLE3_FIRST_CHUNK):
+                ids = rows.ids[a:a + kv.EAGLE3_FIRST_CHUNK]
+                x = self._fuse(self.record.aux[rows.aux_from + a:rows.aux_from + a + len(ids)])  # [1, t, H]
+                out = self._rows(ids, x, rows.s + a)
         else:
-            x = np.asarray(hidden, dtype=np.float32).reshape(1, 1, -1)
-        token_ids, logits, out_hidden, new = self._run(rows.ids[None], x, rows.s)
-        self._write(new, rows.s, t)
+            out = self._rows(rows.ids, np.asarray(hidden, dtype=np.float32).reshape(1, 1, -1), rows.s)
         self.rows.wrote(rows)
+        token_ids, logits, out_hidden = out
         return DraftStep(token_ids, logits, out_hidden[0, 0].copy())
+
+    def _rows(self, ids: np.ndarray, hidden: np.ndarray, s: int):
+        """t rows after the s written ones, their new K/V rows written into slots s..s + t - 1: ids [t], hidden
+        [1, t, H] -> (token ids [Vd], logits [Vd], hidden [1, 1, H]) of the last row."""
+        token_ids, logits, out_hidden, new = self._run(ids[None], hidden, s)
+        self._write(new, s, len(ids))
+        return token_ids, logits, out_hidden
 
     def _fuse(self, aux: np.ndarray) -> np.ndarray:
         """aux [T, n * H] -> fused [1, T, H] (the fc graph)."""

@@ -163,6 +163,31 @@ def test_accepted_drafts_are_recomputed_as_eager(exported, target):
         assert runs[0].tokens == runs[1].tokens and runs[0].extra["spec"].accepted.sum() >= 10
 
 
+def test_a_long_prompt_runs_in_chunks_and_drafts_as_eager(exported, target):
+    """A prompt longer than kv.EAGLE3_FIRST_CHUNK rows: the burst's first step runs the step graph over at most that
+    many rows at a time (one pass over a long prompt held [T, T] scores per head), every row written before the next
+    chunk reads it, so the drafts are still the eager drafter's, which runs them in one pass (an accept-all verifier:
+    the tokens are the drafts)."""
+    folder, drafter = exported
+    engine = load_bundle(folder, host_check=False)
+    rows, step = [], engine.drafter.session
+
+    class Counting:  # the step session, recording the rows of each call
+        def run(self, names, feeds):
+            rows.append(feeds[kv.INPUT_IDS].shape[1])
+            return step.run(names, feeds)
+
+    engine.drafter.session = Counting()
+    eager_backend, eager_drafter = eagle3_pair(target.model, drafter, kv_layout(target.config, 128))
+    prompt = [int(i) for i in np.random.default_rng(3).integers(4, 320, 2 * kv.EAGLE3_FIRST_CHUNK - 30)]  # 98 tokens
+    runs = [generate_speculative(session, runner, prompt, max_new_tokens=20, params=SamplingParams(),
+                                 rng=np.random.default_rng(0), stop_ids=frozenset(), k=4,
+                                 vocab_size=target.config.vocab_size, verifier=accept_all)
+            for session, runner in ((engine.session, engine.drafter), (Session(eager_backend), eager_drafter))]
+    assert runs[0].tokens == runs[1].tokens and runs[0].extra["spec"].accepted.sum() >= 10
+    assert rows[:2] == [kv.EAGLE3_FIRST_CHUNK, len(prompt) - kv.EAGLE3_FIRST_CHUNK] and max(rows) == kv.EAGLE3_FIRST_CHUNK
+
+
 def _edit_manifest(folder, tmp_path, edit):
     copy = tmp_path / "edited"
     shutil.copytree(folder, copy)

@@ -191,3 +191,20 @@ def test_c_api_program_generates_the_python_tokens(ort_native, eagle3_onnx):  # 
     out = json.loads(done.stdout)
     plain = load_bundle(eagle3_onnx, runtime="ort", threads=2).generate(ids, max_new_tokens=24, speculative=False)
     assert out["plain"] == out["spec"] == plain.tokens and out["failures"] == 0
+
+
+def test_a_long_prompt_runs_in_chunks_as_in_python(ort_native, eagle3_onnx):  # noqa: F811
+    """A prompt longer than kv.EAGLE3_FIRST_CHUNK: the runner's first step runs it in chunks as the Python runtime
+    does (runtimes/ort_eagle3.py), so under an accept-all verifier (the tokens are the drafts) both give the same
+    tokens and accepted counts."""
+    from edge_spec.contract import kv
+
+    ids = prompt(5, 2 * kv.EAGLE3_FIRST_CHUNK - 30)  # 98 tokens + 20 new in a 128-token context
+    flags = ["--fixed-k", "--no-lookup", "--ignore-eos", "--max-new-tokens", "20"]
+    _, [ours] = serve(ort_native, eagle3_onnx, [[*ids_flag(ids), "--spec-k", 4, "--test-accept-all", *flags]])
+    engine = load_bundle(eagle3_onnx, runtime="ort", threads=2)
+    theirs = generate_speculative(engine.session, engine.drafter, ids, max_new_tokens=20, params=GREEDY,
+                                  rng=np.random.default_rng(0), stop_ids=frozenset(), k=4,
+                                  vocab_size=engine.vocab_size, verifier=accept_all)
+    assert ours["tokens"] == theirs.tokens and sum(ours["accepted"]) >= 10
+    assert ours["accepted"] == [int(a) for a in theirs.extra["spec"].accepted]

@@ -101,6 +101,10 @@ AUX_HIDDEN = "aux_hidden"  # [1, T, n * Ht] float32, n aux layers concatenated i
 FUSED_HIDDEN = "fused_hidden"  # [1, T, Ht] float32: fc(cat(aux)), the `hidden` of the drafter's first rows
 DRAFT_KIND = "draft"  # the kind of the drafter's own caches (slots_dim(DRAFT_KIND); layers numbered 0.. in the drafter)
 DRAFT_MASK = "draft_mask"  # [1, 1, T, S_draft + T] float32 additive
+# A burst's first step runs the rows the drafter has not seen (after a prompt: all of them) at most this many at a
+# time, as the target's prefill chunks do: one pass over a 1,200-token prompt held [T, T] scores per head and took
+# SmolLM2's native runner to 1,011 MB peak (docs/benchmarks.md "2026-12-07 (evening)")
+EAGLE3_FIRST_CHUNK = 64
 
 
 def draft_cache_names(layer: int) -> tuple[str, str]:  # the drafter's own K, V caches [1, H_kv, S_draft, D]

@@ -397,26 +397,44 @@ class OrtEagle3Drafter : public DrafterBackend {
   DraftStep step(int64_t token, const std::vector<float>& hidden) override {
     const Eagle3Rows::Rows rows = rows_.next(token);
     const int t = int(rows.ids.size());
-    const int64_t s = rows.s, h = hidden_size_;
-    if (s + t > int64_t(draft_.max_context))  // never with the loop's draft lengths (they stop at max_context)
+    if (rows.s + t > int64_t(draft_.max_context))  // never with the loop's draft lengths (they stop at max_context)
       throw kv_state_error("the eagle3 drafter's cache holds " + std::to_string(draft_.max_context) + " rows, a step " +
-                               "would write rows " + std::to_string(s + 1) + ".." + std::to_string(s + t),
+                               "would write rows " + std::to_string(rows.s + 1) + ".." + std::to_string(rows.s + t),
                            "draft fewer tokens (--spec-k) or generate fewer (--max-new-tokens)");
-    x_.resize(size_t(t) * size_t(h));
-    if (rows.first) {  // fused_hidden [1, T, H] = fc(the target's aux rows [c, L)) [1, T, n * H]
-      std::map<std::string, Ort::Value> in, out;
-      in.emplace(AUX_HIDDEN, tensor(rt_->cpu, const_cast<float*>(record_.aux_rows(rows.aux_from)),
-                                    {1, t, int64_t(record_.width)}));  // onnxruntime never writes an input
-      out.emplace(FUSED_HIDDEN, tensor(rt_->cpu, x_.data(), {1, t, h}));
-      const double start = now_s();
-      ort::run(fc_, fc_in_, in, fc_out_, out, fc_path_, RUN_FIX);
-      kernel_s += now_s() - start;
+    if (rows.first) {  // the missing rows, EAGLE3_FIRST_CHUNK at a time: fc over their aux states, then the step
+      for (int a = 0; a < t; a += EAGLE3_FIRST_CHUNK) {
+        const int n = std::min(EAGLE3_FIRST_CHUNK, t - a);
+        fuse(rows.aux_from + a, n);
+        run_rows(rows.ids.data() + a, n, rows.s + a);
+      }
     } else {  // the previous step's chained hidden [1, 1, H]
-      std::copy(hidden.begin(), hidden.end(), x_.begin());
+      x_.assign(hidden.begin(), hidden.end());
+      run_rows(rows.ids.data(), t, rows.s);
     }
+    rows_.wrote(rows);
+    return DraftStep{out_ids_, out_logits_, out_hidden_};
+  }
+
+ private:
+  // x_ = fused_hidden [1, n, H] = fc(the target's aux rows [from, from + n)) [1, n, n_aux * H]
+  void fuse(int64_t from, int n) {
+    x_.resize(size_t(n) * size_t(hidden_size_));
+    std::map<std::string, Ort::Value> in, out;
+    in.emplace(AUX_HIDDEN, tensor(rt_->cpu, const_cast<float*>(record_.aux_rows(from)),
+                                  {1, n, int64_t(record_.width)}));  // onnxruntime never writes an input
+    out.emplace(FUSED_HIDDEN, tensor(rt_->cpu, x_.data(), {1, n, int64_t(hidden_size_)}));
+    const double start = now_s();
+    ort::run(fc_, fc_in_, in, fc_out_, out, fc_path_, RUN_FIX);
+    kernel_s += now_s() - start;
+  }
+
+  // The step graph over t rows (tokens `ids`, hidden x_ [1, t, H]) after the s written ones; their new K/V rows go
+  // into slots s..s + t - 1, the last row's outputs into out_ids_ / out_logits_ / out_hidden_.
+  void run_rows(const int64_t* ids, int t, int64_t s) {
+    const int64_t h = hidden_size_;
     caches_.prepare(s, t);  // a bucket b >= s + t slots, keeping rows [0, s)
     const int b = caches_.bucket(DRAFT_KIND);
-    ids_ = rows.ids;  // input_ids [1, T]
+    ids_.assign(ids, ids + t);  // input_ids [1, T]
     positions_.resize(size_t(t));
     for (int i = 0; i < t; ++i) positions_[size_t(i)] = s + 1 + i;  // position_ids [1, T]: s + 1..s + T
     mask_.assign(size_t(t) * size_t(b + t), NEG_INF);  // draft_mask [1, 1, T, b + T]
@@ -454,11 +472,8 @@ class OrtEagle3Drafter : public DrafterBackend {
       entry.second.push_back(s + i);
     }
     caches_.commit(plan, k_new_, v_new_, t, /*in_place=*/false);
-    rows_.wrote(rows);
-    return DraftStep{out_ids_, out_logits_, out_hidden_};
   }
 
- private:
   std::shared_ptr<Runtime> rt_;
   Ort::Session step_, fc_;
   std::string step_path_, fc_path_;
