@@ -11,17 +11,12 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from edge_spec.contract.backend import DrafterBackend, Session
-from edge_spec.loading.checkpoints import BUILTIN_MODELS, LoadedModel, load_drafter
-from edge_spec.loading.checkpoints import load as load_checkpoint
 from edge_spec.contract.layout import kv_layout
-from edge_spec.model.drafter import Drafter, pair
-from edge_spec.model.eagle3 import Eagle3Config, Eagle3Drafter, check_eagle3_pair
-from edge_spec.loading.speculators_eagle3 import load_eagle3, read_eagle3_config, speculators_model_type
 from edge_spec.errors import BundleError, CheckpointError, ConfigError
 from edge_spec.contract.formats import (EAGER_RUNTIME, RUN, check_options, check_runtime, format_of_runtime,
                                         get_format, runtime_for)
@@ -30,7 +25,6 @@ from edge_spec.logs import NOTICES
 from edge_spec.decoding.generate import GenerationResult, check_request, generate_plain
 from edge_spec.decoding.hostcheck import HostCheck, checked
 from edge_spec.contract.kv import KVLayout
-from edge_spec.contract.bundle import eagle3_config
 from edge_spec.contract.manifest import EAGLE3, MTP, NATIVE_EAGLE3_FORMATS, Manifest, content_id, read_manifest
 from edge_spec.contract.manifest_check import check_memory
 from edge_spec.decoding.datastore import Datastore
@@ -38,6 +32,12 @@ from edge_spec.decoding.datastore_source import load_bundle_datastore, target_da
 from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import check_spec_args, generate_speculative
 from edge_spec.loading.tokenizer import StreamDecoder, Tokenizer
+
+if TYPE_CHECKING:  # torch's modules: imported where a checkpoint or an eager drafter is used, so that running an
+    # exported bundle (load_bundle with its format's runtime) imports no torch (tests/test_api.py)
+    from edge_spec.loading.checkpoints import LoadedModel
+    from edge_spec.model.drafter import Drafter
+    from edge_spec.model.eagle3 import Eagle3Config, Eagle3Drafter
 
 DEFAULT_MAX_CONTEXT = 2048
 DEFAULT_SPEC_K = 4
@@ -85,12 +85,16 @@ DRAFTER_FAMILIES = (MTP, EAGLE3)  # what `--drafter builtin:FAMILY` names
 
 def drafter_family(folder: Path) -> str:
     """'eagle3' for a Speculators EAGLE-3 folder, else 'mtp' (edge-spec's own drafter format)."""
+    from edge_spec.loading.speculators_eagle3 import speculators_model_type
+
     return EAGLE3 if speculators_model_type(folder) == EAGLE3 else MTP
 
 
 def builtin_drafters(model: str) -> dict[str, Path]:
     """family -> folder of the drafters shipped for a built-in model, the default first: BUILTIN_DRAFTERS/MODEL is
     the default (the family that drafts best, docs/drafter.md), BUILTIN_DRAFTERS/MODEL-FAMILY the alternates."""
+    from edge_spec.loading.checkpoints import BUILTIN_MODELS
+
     if model not in BUILTIN_MODELS:
         return {}
     found = {}
@@ -259,6 +263,9 @@ def _read_drafter(folder: Path) -> Drafter | Eagle3Config:
     """A drafter folder, told apart by its config.json: a Speculators folder (`speculators_model_type`, read by
     edge_spec.loading.speculators_eagle3, which refuses algorithms other than eagle3) -> its checked config only (its
     tensors load beside the target: they may need the target's embedding); else our MTP drafter, loaded."""
+    from edge_spec.loading.checkpoints import load_drafter
+    from edge_spec.loading.speculators_eagle3 import read_eagle3_config, speculators_model_type
+
     if speculators_model_type(folder) is not None:
         return read_eagle3_config(folder)
     return load_drafter(folder)
@@ -267,6 +274,9 @@ def _read_drafter(folder: Path) -> Drafter | Eagle3Config:
 def _eagle3_drafter(folder: Path, cfg: Eagle3Config, loaded: LoadedModel) -> Eagle3Drafter:
     """The eagle3 drafter of `folder` for the target `loaded`: the pair checked (hidden size, vocabulary, aux
     layers) before any tensor is read; a checkpoint that leaves embed_tokens to the verifier takes the target's."""
+    from edge_spec.loading.speculators_eagle3 import load_eagle3
+    from edge_spec.model.eagle3 import check_eagle3_pair
+
     check_eagle3_pair(loaded.config, cfg, f"the target {loaded.name}", f"the EAGLE-3 drafter {folder}")
     return load_eagle3(folder, target_embedding=loaded.model.model.embed_tokens.weight)
 
@@ -274,6 +284,8 @@ def _eagle3_drafter(folder: Path, cfg: Eagle3Config, loaded: LoadedModel) -> Eag
 def load_export_drafter(folder: str | Path, loaded: LoadedModel) -> Drafter | Eagle3Drafter:
     """The drafter of `folder` for an export beside the target `loaded` (bundle.export_bundle's `drafter`): an MTP
     drafter folder, or a Speculators eagle3 one (the pair checked, the target's embedding where it has none)."""
+    from edge_spec.model.eagle3 import Eagle3Config
+
     folder = Path(folder).expanduser()
     drafter = _read_drafter(folder)
     return _eagle3_drafter(folder, drafter, loaded) if isinstance(drafter, Eagle3Config) else drafter
@@ -285,12 +297,16 @@ def datastore_by_default(drafter: Drafter | Eagle3Drafter | None) -> bool:
     prompts, int4 bundles, k = 4 greedy (docs/drafter.md "Which retrieval sources pay"): prompt lookup + the EAGLE-3
     drafter tau 2.29-2.31, with the datastore too 2.11-2.18 (its n-grams take passes the drafter drafts better);
     MTP v4 2.11 vs 2.09, gemma-3-270m's hybrid gains from it (3.01 vs 2.91 without the drafter)."""
+    from edge_spec.model.eagle3 import Eagle3Drafter
+
     return not isinstance(drafter, Eagle3Drafter)
 
 
 def _torch_runner(loaded: LoadedModel, drafter: Drafter | Eagle3Drafter | None, layout: KVLayout, threads: int):
     """(target backend, drafter backend or None) on eager torch: an MTP drafter reads the target's caches, an
     EAGLE-3 drafter its aux states (runtimes/torch_eagle3: the target wrapped in AuxTarget, the drafter's own cache)."""
+    from edge_spec.model.drafter import pair
+    from edge_spec.model.eagle3 import Eagle3Drafter
     from edge_spec.runtimes.torch import TorchBackend, TorchDrafter
 
     if isinstance(drafter, Eagle3Drafter):
@@ -336,6 +352,9 @@ def load(model: str = "smollm2-135m", *, drafter: str | None = None, runtime: st
                           f"export one first (edge-spec export --model {model} --out DIR) and pass bundle=DIR "
                           "(CLI: --bundle DIR)")
     check_options(None, options, RUN, runtime=runtime)
+    from edge_spec.loading.checkpoints import load as load_checkpoint
+    from edge_spec.model.eagle3 import Eagle3Config
+
     drafter_folder = resolve_drafter(drafter, model) if drafter else None
     # a bad drafter fails before the target loads
     drafter_module = _read_drafter(drafter_folder) if drafter_folder is not None else None
@@ -405,6 +424,11 @@ def load_bundle(folder: str | Path, *, runtime: str | None = None, threads: int 
 
 def _bundle_sources(manifest: Manifest, own_runtime: str) -> tuple[LoadedModel, Drafter | Eagle3Drafter | None]:
     """The eager models a bundle was exported from, checked against the manifest's content hashes."""
+    from edge_spec.contract.bundle import eagle3_config
+    from edge_spec.loading.checkpoints import load as load_checkpoint
+    from edge_spec.loading.checkpoints import load_drafter
+    from edge_spec.loading.speculators_eagle3 import read_eagle3_config
+
     entries = [("target", manifest.target)] + ([("drafter", manifest.drafter)] if manifest.drafter else [])
     loaded, drafter = None, None
     for role, entry in entries:

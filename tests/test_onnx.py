@@ -8,6 +8,7 @@ factory (tests/contract.py), shared with the contract suite.
 
 import functools
 import json
+import os
 import shutil
 
 import numpy as np
@@ -340,6 +341,23 @@ def test_unknown_provider_and_bad_options(llama):
     assert engine.max_context == 40
     with pytest.raises(ConfigError, match="max draft length 8"):
         engine.generate([5, 6], max_new_tokens=4, spec_k=9)
+
+
+def test_running_a_bundle_imports_no_torch(llama, tmp_path):
+    """An ONNX bundle runs on onnxruntime alone: loading it through the Python API (host check included) and decoding
+    plainly and speculatively imports no torch, whose import alone holds ~180 MB resident (edge_spec/api.py imports
+    it only where a checkpoint or an eager drafter is used; the attention forms' names live in model/config.py)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from edge_spec.api import load_bundle; "
+            f"e = load_bundle({str(llama[0])!r}, threads=1); "
+            "e.generate([5, 6, 7], max_new_tokens=6, speculative=False); "
+            "e.generate([5, 6, 7], max_new_tokens=6, allow_inexact=True); "
+            "assert e.drafter is not None and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]")
+    env = {**os.environ, "EDGE_SPEC_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # ---- CLI -------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass
 
 from edge_spec.errors import ConfigError
-from edge_spec.model import forms
+from edge_spec.model.config import ATTENTION_FORMS
 from edge_spec.contract.kv import BINDING_IO, BINDING_SHARED, BINDING_STATE
 
 EXPORT, RUN, CHECK = "export", "run", "check"  # where an option goes: the exporter, open_bundle, diagnose
@@ -127,9 +127,9 @@ def register(fmt: Format) -> Format:
     another row (same dest) must have the same flags."""
     if fmt.name in FORMATS:
         raise ConfigError(f"a format named {fmt.name!r} is already registered", "register it under another name")
-    if fmt.attention not in forms.NAMES:
+    if fmt.attention not in ATTENTION_FORMS:
         raise ConfigError(f"format {fmt.name!r} declares an unknown attention form {fmt.attention!r}",
-                          f"choose one of {', '.join(forms.NAMES)} (edge_spec.model.forms)")
+                          f"choose one of {', '.join(ATTENTION_FORMS)} (edge_spec.model.forms)")
     if fmt.runtime == EAGER_RUNTIME or any(f.runtime == fmt.runtime for f in FORMATS.values()):
         raise ConfigError(f"the runtime name {fmt.runtime!r} is taken", "give the format's runtime its own name")
     for opt in fmt.options:

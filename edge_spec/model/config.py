@@ -21,6 +21,9 @@ from edge_spec.errors import CheckpointError
 # Attention kinds, a fact of each layer (ModelConfig.layer_kinds); the KV contract sizes caches by them.
 FULL = "full"
 SLIDING = "sliding"
+# the attention forms a target graph is traced with (edge_spec/model/forms.py implements them; a format's registry row
+# names one: contract/formats.py). Spelled here, torch-free, so that reading a manifest imports no torch.
+ATTENTION_FORMS = ("split", "slots", "placed", "state")
 
 LLAMA = "llama"
 QWEN3 = "qwen3"

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from edge_spec.model.config import FULL
+from edge_spec.model.config import ATTENTION_FORMS, FULL
 from edge_spec.model.attention import (attend, attend_concat, attend_slots, group_mask, place_rows, slot_mask,
                                        write_rows)
 
@@ -152,4 +152,4 @@ class State(Form):
 
 SPLIT = Split()
 PLACED = Placed()
-NAMES = ("split", "slots", "placed", "state")  # what a format's registry row declares (formats.Format.attention)
+NAMES = ATTENTION_FORMS  # what a format's registry row declares (formats.Format.attention): config.py spells them
