@@ -1,7 +1,11 @@
 """edge_spec.runtimes.io_caches: bucketed cache views keep every committed row through bucket moves and ring wraps (against a
 plain [1, H_kv, S, D] array per layer written with the same plan)."""
 
+import mmap
+import sys
+
 import numpy as np
+import pytest
 
 from edge_spec.contract import kv
 from edge_spec.contract.kv_state import KVState
@@ -93,3 +97,33 @@ def test_rows_written_in_place_survive_the_commit_that_shrinks_the_bucket():
         state.advance(accept, plan)
         for got in caches.views(0):
             np.testing.assert_array_equal(got[:, :, :state.length], ref[:, :, :state.length])
+
+
+def resident_pages(array: np.ndarray) -> int:
+    """Pages of `array`'s memory the OS holds now (Linux mincore)."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    start = array.ctypes.data - array.ctypes.data % mmap.PAGESIZE
+    length = array.ctypes.data + array.nbytes - start
+    vec = (ctypes.c_ubyte * ((length + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mincore's residency bits are Linux's")
+def test_only_the_slots_in_use_are_resident():
+    """SmolLM2's shape at 2,048 slots: 30 layers' K and V in one 94 MB store, 1.57 MB per row. Writing the first
+    bucket of every row must not make the rest resident (numpy's allocator backs big arrays with 2 MB pages, so one
+    write per row made all 94 MB resident: np.zeros in place of io_caches.lazy_zeros fails this)."""
+    layout = kv.KVLayout(tuple(kv.CacheSpec(i, kv.FULL, 3, 64, 2048, None) for i in range(30)), 2048)
+    caches = IoCaches(layout, bucket=64)
+    store = next(iter(caches.stores.values()))
+    assert store.nbytes == 60 * 3 * 2048 * 64 * 4 and resident_pages(store) == 0
+    caches.prepare(0, 5)
+    for i in range(30):
+        for view in caches.views(i):  # [1, 3, 64, 64]: 48 KB at the start of the row
+            view[...] = 1.0
+    touched = 60 * (3 * 64 * 64 * 4 // mmap.PAGESIZE + 1)
+    assert resident_pages(store) <= touched, (resident_pages(store), touched)
+    np.testing.assert_array_equal(store[:, 3 * 64 * 64:], 0)  # the rest still reads as zeros

@@ -300,6 +300,15 @@ def test_argmax_equals_its_one_pass_definition_in_cpp(native):
     assert "all equal" in done.stdout
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="mincore's residency bits are Linux's")
+def test_only_the_cache_slots_in_use_are_resident_in_cpp(native):
+    """es::IoCaches maps its buffers lazily: writing the first bucket of SmolLM2's 94 MB of caches leaves the rest
+    out of memory (runtimes/native/tests/io_caches_test.cpp; tests/test_io_caches.py checks the Python caches)."""
+    done = subprocess.run([str(native / "io_caches_test")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pages resident" in done.stdout
+
+
 def test_kv_vectors_pass_in_cpp(native):
     done = subprocess.run([str(native / "kv_vectors_test"), str(VECTORS)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -4,6 +4,7 @@
 // a pass copied into their slots at commit. Format-neutral (no onnxruntime in it).
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -11,6 +12,25 @@
 #include "kv.h"
 
 namespace es {
+
+// A float buffer whose pages become resident only when written (io_caches.py lazy_zeros): a private anonymous
+// mapping, zero-filled by the OS, huge pages off. std::vector<float>(n, 0.0f) writes every page up front: SmolLM2's
+// caches at 2,048 slots are 94 MB, of which a chat turn uses a few.
+class ZeroPages {
+ public:
+  explicit ZeroPages(size_t floats);
+  ~ZeroPages();
+  ZeroPages(ZeroPages&& other) noexcept;
+  ZeroPages(const ZeroPages&) = delete;
+  ZeroPages& operator=(const ZeroPages&) = delete;
+  ZeroPages& operator=(ZeroPages&&) = delete;
+  float* data() { return data_; }
+  size_t size() const { return floats_; }
+
+ private:
+  float* data_ = nullptr;
+  size_t floats_ = 0, bytes_ = 0;
+};
 
 class IoCaches {
  public:
@@ -35,11 +55,11 @@ class IoCaches {
   // Make the bound prefix of `kind` the bucket for `need` visible slots, keeping rows [0, used) of every head.
   void fit(const std::string& kind, int used, int need);
   // Head h's rows move from offset h * old * D to h * new * D (in place; the order never overwrites unread rows).
-  static void relayout(std::vector<float>& flat, const CacheSpec& c, int old_b, int new_b, int rows);
+  static void relayout(float* flat, const CacheSpec& c, int old_b, int new_b, int rows);
 
   KVLayout layout_;
   int bucket_size_, spare_;
-  std::vector<std::vector<float>> k_, v_;
+  std::vector<ZeroPages> k_, v_;
   std::map<std::string, int> bucket_, used_;  // kind -> slots bound; rows [0, used) of each bucket hold data
   int generation_ = 0;
 };
