@@ -39,8 +39,8 @@ def kv_help() -> str:
                      if f.other_bindings)
     return (f"how the graphs hold the KV cache: {BINDING_IO} (inputs, new rows out), {BINDING_STATE} (buffers the "
             f"program writes in place) or {BINDING_SHARED} (inputs and outputs bound to the same buffers, written "
-            f"in place by fused attention: onnx, full-attention llama models); default the format's own ({own}; onnx "
-            f"exports full-attention llama targets {BINDING_SHARED})"
+            f"in place by fused attention: onnx; llama, qwen3 and gemma3 targets); default the format's own ({own}; "
+            f"onnx exports llama, qwen3 and gemma3 targets {BINDING_SHARED})"
             + (f"; {also}" if also else ""))
 
 

@@ -59,7 +59,7 @@ from torch import nn
 from edge_spec.contract import bundle
 from edge_spec.contract import kv
 from edge_spec.contract.bundle import COMMON_STEPS
-from edge_spec.model.config import GEMMA_FAMILIES, REUSE
+from edge_spec.model.config import GEMMA4, REUSE
 from edge_spec.model.drafter import Drafter
 from edge_spec.errors import ConfigError, ExportError
 from edge_spec.logs import quiet
@@ -236,24 +236,31 @@ def export_target(model: Transformer, layout: kv.KVLayout, *, exporter: str = "d
 
 def default_binding(cfg, *, exporter: str = "dynamo", attention: str = "slots") -> str:
     """`shared` (GroupQueryAttention, ~9% faster SmolLM2 steps, docs/architecture.md "Fused attention") where it
-    applies: the dynamo exporter, the batch-invariant form, a llama-family target with full attention only and no
-    KV sharing; `io` otherwise."""
-    eligible = (exporter == "dynamo" and attention == "slots" and cfg.family not in GEMMA_FAMILIES
-                and set(cfg.layer_kinds) == {kv.FULL} and all(s != REUSE for s in cfg.kv_sharing))
+    applies: the dynamo exporter, the batch-invariant form, a target `shared_refusal` takes (llama-like full
+    attention, Gemma-3's sliding and full layers); `io` otherwise."""
+    eligible = exporter == "dynamo" and attention == "slots" and shared_refusal(cfg) is None
     return kv.BINDING_SHARED if eligible else kv.BINDING_IO
 
 
+def shared_refusal(cfg) -> str | None:
+    """Why GroupQueryAttention cannot run `cfg`'s layers (None: it can). It takes one packed q/k/v projection whose
+    q and k it rotates itself, attends causally over slot == position (with `local_window_size` for a sliding
+    layer) and writes the new rows: Gemma-4's layers reusing another layer's cache, its keys used as values and its
+    normed values are outside it."""
+    if cfg.family == GEMMA4 or any(s == REUSE for s in cfg.kv_sharing) or cfg.attention_k_eq_v:
+        return (f"the shared KV binding takes layers with their own q/k/v projections and caches "
+                f"(llama, qwen3, gemma3), not {cfg.family}'s")
+    return None
+
+
 def _check_shared(model: Transformer, layout: kv.KVLayout, exporter: str) -> None:
-    """The `shared` binding's GroupQueryAttention takes full-attention layers with packed q/k/v (the llama family)."""
+    """The `shared` binding's GroupQueryAttention: the dynamo exporter, a target `shared_refusal` takes."""
     fix = "export with --kv io (the default for such targets)"
     if exporter != "dynamo":
         raise ConfigError("the shared KV binding (GroupQueryAttention) needs the dynamo exporter", fix)
-    if layout.kinds() != (kv.FULL,):
-        raise ConfigError(f"the shared KV binding writes slot == position: full attention only, this model has "
-                          f"{', '.join(layout.kinds())} layers", fix)
-    if model.cfg.family in GEMMA_FAMILIES or any(a.self_attn.reuses_kv for a in model.model.layers):
-        raise ConfigError(f"the shared KV binding takes the llama family's packed q/k/v layers, not "
-                          f"{model.cfg.family}", fix)
+    reason = shared_refusal(model.cfg)
+    if reason is not None:
+        raise ConfigError(reason, fix)
 
 
 def export_drafter(drafter: Drafter, target: Transformer, layout: kv.KVLayout, sources: dict[str, int], *,

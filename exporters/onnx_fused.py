@@ -5,9 +5,10 @@
   * gate/up packed into one projection (and q/k/v for the llama family, whose heads are split once);
   * SkipSimplifiedLayerNormalization for every residual add + the norm after it (llama blocks hand their MLP output
     to the next norm: `Ops.fold_residuals`);
-  * with `gqa` (the `shared` KV binding, llama family): GroupQueryAttention for a layer's rotary + attention + cache
-    write, fed the packed q/k/v projection, the caches bound in and out to the same buffers (share-buffer mode):
-    ~20 attention nodes per layer -> 3. Its one-row kernels sum in another order than its multi-row ones, so every
+  * with `gqa` (the `shared` KV binding: llama, qwen3, Gemma-3): GroupQueryAttention for a layer's rotary +
+    attention + cache write, fed the packed q/k/v projection (q and k normed first where the family norms them),
+    the caches bound in and out to the same buffers (share-buffer mode), a sliding layer's window as the kernel's
+    `local_window_size`: ~20 attention nodes per layer -> 3. Its one-row kernels sum in another order than its multi-row ones, so every
     pass carries one zero dummy row after its own, written one slot past them (kv.SHARED_SPARE_SLOTS).
 Same maths in eager (tests/test_model_parity.py, bit for bit); SmolLM2's int8 graph goes from ~46 to ~26 nodes per
 layer. The dynamo exporter only (TorchScript cannot emit them).
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 from edge_spec.contract import kv
-from edge_spec.model.config import GEMMA_FAMILIES
+from edge_spec.model.config import GEMMA_FAMILIES, SLIDING
 from edge_spec.model.ops import Ops, packed_linear
 from edge_spec.model.rope import Rope, rope_tables
 
@@ -56,9 +57,12 @@ class FusedOps(Ops):
         rows = max_context + (kv.SHARED_SPARE_SLOTS if gqa else 0)  # the dummy row may sit at position max_context
         self.tables = {kind: rope_tables(getattr(model, f"inv_freq_{kind}"), rows) for kind in cfg.rope}
         self.packed_qkv, self.packed_gate_up = {}, {}
+        self.windows = {SLIDING: cfg.sliding_window}  # GroupQueryAttention's local window per layer kind
         for block in model.model.layers:
             attn = block.self_attn
-            if not attn.gemma and not attn.reuses_kv:  # llama, qwen3 (q/k normed once packed: norm_packed)
+            # llama, qwen3 (q/k normed once packed: norm_packed); Gemma-3 only for GroupQueryAttention, which takes
+            # q/k/v packed (its other layers keep their own projections: the `io` graphs as they were)
+            if not attn.reuses_kv and (not attn.gemma or gqa):
                 self.packed_qkv[attn] = packed_linear(attn.q_proj, attn.k_proj, attn.v_proj)
             self.packed_gate_up[block.mlp] = packed_linear(block.mlp.gate_proj, block.mlp.up_proj)
 
@@ -91,10 +95,13 @@ class FusedOps(Ops):
         last = rope.position_ids[0, -1:] + 1  # [1]: the dummy row's position
         seqlens_k = last.to(torch.int32)  # [1]: keys visible to the last row, minus one
         total = (last[0] + 1).to(torch.int32)  # []: keys visible to the last row
+        attrs = {"num_heads": h, "kv_num_heads": h_kv, "scale": float(attn.scale), "do_rotary": 1,
+                 "rotary_interleaved": 0}
+        if attn.kind in self.windows:  # a query at q sees keys q - W + 1 .. q (kv.py), as the kernel's window W does
+            attrs["local_window_size"] = self.windows[attn.kind]
         out, k, v = torch.onnx.ops.symbolic_multi_out(
             "com.microsoft::GroupQueryAttention",
-            (rows, None, None, k_cache, v_cache, seqlens_k, total, rope.cos, rope.sin),
-            {"num_heads": h, "kv_num_heads": h_kv, "scale": float(attn.scale), "do_rotary": 1, "rotary_interleaved": 0},
+            (rows, None, None, k_cache, v_cache, seqlens_k, total, rope.cos, rope.sin), attrs,
             dtypes=(qkv.dtype,) * 3, shapes=((*rows.shape[:2], h * attn.head_dim), k_cache.shape, v_cache.shape),
             version=1)
         return out[:, :-1], (k, v)  # [1, T, H * D]

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from edge_spec.errors import ConfigError, ContextOverflowError, KVStateError
-from edge_spec.contract.kv import (BINDING_STATE, FULL, SLIDING, CacheSpec, KVLayout, attention_mask, commit_slots,
-                                   ring_slots)
+from edge_spec.contract.kv import (BINDING_IO, BINDING_SHARED, BINDING_STATE, FULL, SLIDING, CacheSpec, KVLayout, attention_mask, commit_slots,
+                                   pass_cap, ring_slots)
 from edge_spec.contract.kv_state import KVState
 
 V = 0.0  # visible
@@ -144,6 +144,12 @@ def test_state_rings_are_one_slot_larger_and_need_a_cap():
     assert KVLayout.from_json(layout.to_json()) == layout and layout.binding == BINDING_STATE
 
 
+def test_shared_binding_keeps_no_ring():
+    """`shared`: a fused kernel writes slot == position and attends over its window itself: every layer keeps the
+    context's slots."""
+    assert ring_slots(4, 100, 3, BINDING_SHARED) == ring_slots(4, 100, None, BINDING_SHARED) == 100
+
+
 def test_state_write_reject_and_rewind():
     """Rejected rows sit in their slots but are masked; a later pass overwrites them; a rewind past a key that a
     rejected row clobbered in the ring raises instead of reading the clobbered slot."""
@@ -191,3 +197,22 @@ def test_state_drafter_window_sees_committed_keys_only():
     ring = state.slot_pos[SLIDING]
     visible = sorted(int(ring[s]) for s in range(len(ring)) if mask[s] == V)
     assert visible == [2, 3, 4, 5, 6]  # W + 1 = 5 committed keys before 7; the rejected row at 7 is hidden
+
+
+def test_pass_cap_keeps_long_head_passes_on_one_side_of_the_scoring_edge():
+    """`shared` layouts with heads of 256: a pass after n cached tokens is capped while a decode step at n still scores
+    <= 64 keys (n + min_rows + the dummy row), so that it and its last row's step score <= 64 keys too."""
+    def layout(head_dim, binding=BINDING_SHARED):
+        return KVLayout((CacheSpec(0, FULL, 1, head_dim, 200, None),), 200, None, binding)
+
+    long = layout(256)
+    assert [pass_cap(long, n) for n in (0, 30, 60, 61, 62, 63, 100)] == [63, 33, 3, 2, 1, None, None]
+    assert [pass_cap(long, n, min_rows=2) for n in (0, 60, 61, 62)] == [62, 2, 1, None]
+    for n in range(0, 64):  # the pass's keys (n + T + 1) and its last step's (n + T - 1 + min_rows + 1) stay <= 64
+        for rows in (1, 2):
+            cap = pass_cap(long, n, rows)
+            if cap is not None:
+                assert cap >= 1 and n + max(cap, rows) + 1 <= 64 and n + cap - 1 + rows + 1 <= 64
+            else:
+                assert n + rows + 1 > 64
+    assert pass_cap(layout(128), 10) is None and pass_cap(layout(256, BINDING_IO), 10) is None

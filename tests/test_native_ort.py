@@ -4,7 +4,7 @@ The runner is built as tests/test_native.py builds it (its `native` fixture: CMa
 native` runs); the onnx backend is in it when CMake found onnxruntime's library and headers, else every test here
 skips saying why. Tiny random ONNX bundles (tests/tiny.py, the drafters of tests/test_onnx.py) are exported once per
 module, int8 (llama also int4: the 4-bit table), as `edge-spec export --format onnx` writes them (the dynamo
-exporter; llama also with `--kv shared`); the fp32 ones are the contract suite's (tests/contract.py). Every comparison is
+exporter; llama also with `--kv shared`, and a tiny Gemma-3 under its default `shared`); the fp32 ones are the contract suite's (tests/contract.py). Every comparison is
 token for token with the Python runtime on the same bundle: greedy plain and speculative (the drafter graph over the
 runner's caches), rejected drafts, seeded rejection sampling (the drafter's logits decide), the host check's verdict,
 the C API; damaged graphs and formats without a backend are refused naming the file and the fix.
@@ -70,6 +70,18 @@ def gemma_onnx(tiny_gemma4, tiny_bundles, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def gemma3_shared_onnx(tmp_path_factory):
+    """Tiny Gemma-3 (sliding window 6, heads of 256 as gemma-3-270m's) + a dense-head drafter under its default
+    `shared` binding: GroupQueryAttention with the window as its local_window_size, slot == position caches (no ring)
+    the drafter reads too, verify passes capped at the kernel's scoring edge (kv.pass_cap)."""
+    from tests.tiny import gemma3_config, save_gemma3_reference
+
+    folder = tmp_path_factory.mktemp("native-ort") / "gemma3"
+    save_gemma3_reference(gemma3_config(head_dim=256, query_pre_attn_scalar=256), folder / "ckpt", seed=3)
+    return _export(folder / "ckpt", folder, dict(clustered=False), ("fp32", "int4"), max_context=96, max_pass=9)
+
+
+@pytest.fixture(scope="module")
 def ort_native(native):  # noqa: F811
     """build/native when it has the onnx backend (its formats.txt, written by CMake, says so); a skip naming why not
     otherwise, before any export (the tests ask for this fixture first)."""
@@ -80,7 +92,8 @@ def ort_native(native):  # noqa: F811
     return native
 
 
-@pytest.fixture(params=["llama-fp32", "llama-int8", "llama-int4", "llama_shared-fp32", "llama_shared-int8", "gemma-fp32", "gemma-int8"])
+@pytest.fixture(params=["llama-fp32", "llama-int8", "llama-int4", "llama_shared-fp32", "llama_shared-int8", "gemma-fp32", "gemma-int8",
+                        "gemma3_shared-fp32", "gemma3_shared-int4"])
 def bundle(request):
     name, precision = request.param.split("-")
     return request.getfixturevalue(f"{name}_onnx")[precision]
@@ -118,6 +131,25 @@ def test_plain_and_speculative_greedy_equal_the_python_runtime(ort_native, bundl
         assert ours["target_passes"] == theirs.extra["spec"].target_calls
     adaptive = run(ort_native, bundle, ids, "--spec-k", "4", "--adaptive", "--ignore-eos", "--max-new-tokens", str(TOKENS))
     assert adaptive["tokens"] == expected and adaptive["speculative"]
+
+
+def test_passes_across_the_scoring_edge_are_capped_as_in_python(ort_native, gemma3_shared_onnx):
+    """Heads of 256 under `shared`: from a 50-token prompt, drafts of the known continuation (all right) at k = 8
+    across position 64 - the C++ loop cuts its passes where Python's does (kv.pass_cap): the same tokens (== plain)
+    in the same passes. 27 tokens: 9 (positions 50-58), 4 (the cap at 59: 64 keys with the dummy row), 9, 4 (the
+    last); uncut they take 3 passes."""
+    from tests.contract import OracleDrafter
+
+    bundle = gemma3_shared_onnx["int4"]
+    ids = prompt_ids(50, seed=2)
+    expected, engine = python_plain(bundle, ids, n=27)
+    ours = run(ort_native, bundle, ids, "--spec-k", "8", "--fixed-k", "--no-lookup", "--ignore-eos",
+               "--max-new-tokens", "27", "--test-oracle-drafts", ",".join(map(str, expected)), "--test-wrong", "never")
+    theirs = generate_speculative(engine.session, OracleDrafter(expected, len(ids), lambda position: False), ids,
+                                  max_new_tokens=27, params=GREEDY, rng=np.random.default_rng(0),
+                                  stop_ids=frozenset(), k=8, vocab_size=engine.vocab_size)
+    assert ours["tokens"] == theirs.tokens == expected
+    assert ours["target_passes"] == theirs.extra["spec"].target_calls == 4
 
 
 @pytest.mark.parametrize("wrong", ["never", "third", "random"])

@@ -206,8 +206,8 @@ def test_shared_binding_fuses_attention_writes_in_place_up_to_the_last_slot_and_
         llama, gemma, tiny_bundles, tmp_path):
     """`--kv shared`: one GroupQueryAttention per layer (no score scatter, no new-row outputs), caches written in place
     with the dummy row one slot past the pass, so a pass ending at the last context slot still runs, and it agrees
-    with the `io` bundle there. Sliding-window / Gemma targets and the TorchScript exporter are refused, nothing
-    written (the contract suite, tests/test_contract.py, holds its parity and exactness claims)."""
+    with the `io` bundle there. Gemma-4 targets (layers reusing another's cache) and the TorchScript exporter are
+    refused, nothing written (the contract suite, tests/test_contract.py, holds its parity and exactness claims)."""
     folder, target, _ = tiny_bundles.get("onnx", "llama", kv.BINDING_SHARED)
     graph = onnx.load(folder / "onnx" / "target.onnx", load_external_data=False)
     ops = [n.op_type for n in graph.graph.node]
@@ -224,11 +224,82 @@ def test_shared_binding_fuses_attention_writes_in_place_up_to_the_last_slot_and_
         shared.commit(1)
         io.commit(1)
     assert shared.length == n
-    with pytest.raises(ConfigError, match="full attention only"):
+    with pytest.raises(ConfigError, match="own q/k/v projections and caches .*not gemma4's"):
         export_bundle(gemma[1], tmp_path / "g", binding=kv.BINDING_SHARED)
     with pytest.raises(ConfigError, match="dynamo exporter"):
         export_bundle(llama[1], tmp_path / "t", binding=kv.BINDING_SHARED, exporter="torchscript")
     assert not (tmp_path / "g").exists() and not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_gemma3_shared_binding_attends_its_window_in_the_kernel_and_stays_exact(precision, tmp_path):
+    """Gemma-3 under `--kv shared` (its default): one GroupQueryAttention per layer, a sliding layer's window as the
+    kernel's local_window_size over slot == position caches (max_context slots, no ring). Its logits equal the `io`
+    bundle's (rings, masks) within fp32 rounding before and past the window (6 here: an off-by-one in the window
+    differs by ~0.2 from the 6th token on), verify rows == decode steps across bucket edges, and greedy speculative
+    with accepted and rejected drafts == plain."""
+    save_gemma3_reference(gemma3_config(), tmp_path / "ckpt", seed=3)
+    target = checkpoints.load(str(tmp_path / "ckpt"))
+    assert onnx_exporter.default_binding(target.config) == kv.BINDING_SHARED
+    args = dict(max_context=96, max_pass=9, precision=precision)
+    shared = export_bundle(target, tmp_path / "shared", **args)
+    io = export_bundle(target, tmp_path / "io", binding=kv.BINDING_IO, **args)
+    ops = [n.op_type for n in onnx.load(shared / "onnx" / "target.onnx", load_external_data=False).graph.node]
+    assert ops.count("GroupQueryAttention") == target.config.num_layers and "ScatterElements" not in ops
+    windows = [a.i for n in onnx.load(shared / "onnx" / "target.onnx", load_external_data=False).graph.node
+               if n.op_type == "GroupQueryAttention" for a in n.attribute if a.name == "local_window_size"]
+    assert windows == [6, 6, 6]  # the three sliding layers; the full one attends over everything
+    a, b = (load_bundle(f, host_check=False).session for f in (shared, io))
+    assert a.state.layout.slots(kv.SLIDING) == 96 and b.state.layout.slots(kv.SLIDING) == 14
+    ids = prompt_ids(40, seed=2)
+    for n in (3, 5, 6, 7, 30):
+        a.reset()
+        b.reset()
+        np.testing.assert_allclose(a.prefill(ids[:n]).logits, b.prefill(ids[:n]).logits, atol=LOGITS_TOL)
+    for token in ids[30:]:
+        np.testing.assert_allclose(a.forward([token]).logits, b.forward([token]).logits, atol=LOGITS_TOL)
+        a.commit(1)
+        b.commit(1)
+    session = host_checked_session(shared)
+    assert differing_windows(session, prompt_ids(80, seed=5), ((58, 6), (53, 6), (40, 2), (64, 4), (26, 9))) == []
+    prompt = prompt_ids(11, seed=1)
+    expected = generate_plain(session, prompt, max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0),
+                              stop_ids=frozenset()).tokens
+    out = generate_speculative(session, OracleDrafter(expected, len(prompt), every_third_wrong), prompt,
+                               max_new_tokens=60, params=GREEDY, rng=np.random.default_rng(0), stop_ids=frozenset(),
+                               k=4, vocab_size=320)
+    assert out.tokens == expected and out.extra["spec"].tau > 1.5
+
+
+def test_gemma3_shared_long_heads_cap_the_passes_that_cross_the_scoring_edge(tmp_path, monkeypatch):
+    """Heads of 256 (gemma-3-270m's): GroupQueryAttention's score sgemm sums them in one block while a pass scores
+    <= 64 keys and in two beyond (kv.SCORE_EDGE), so a verify pass crossing 64 keys differs from its rows' decode
+    steps (negative control: `Session.pass_cap` turned off). With the cap the host check finds both row modes exact,
+    and greedy speculative decoding across position 64, drafts accepted and rejected, equals plain."""
+    from edge_spec.contract.backend import Session
+    from edge_spec.decoding import hostcheck
+
+    save_gemma3_reference(gemma3_config(head_dim=256, query_pre_attn_scalar=256), tmp_path / "ckpt", seed=3)
+    folder = export_bundle(checkpoints.load(str(tmp_path / "ckpt")), tmp_path / "b", max_context=160, max_pass=9)
+    session = load_bundle(folder, threads=2, host_check=False).session
+    ids = prompt_ids(150, seed=4)
+    crossing = ((55, 9), (60, 4), (62, 2))
+    assert differing_windows(session, ids, crossing) == list(crossing)  # uncapped passes across the edge differ
+    assert differing_windows(session, ids, ((54, 9), (61, 2), (63, 4), (120, 9))) == []  # one side of it: exact
+    check = hostcheck.probe(session, 320, artifact="x", runtime="ort")
+    assert check.one_row_max_diff == 0.0 and check.two_row_max_diff == 0.0, check.report()
+    prompt = prompt_ids(50, seed=1)
+    for rows in (1, 2):
+        session.min_rows = rows
+        expected = generate_plain(session, prompt, max_new_tokens=40, params=GREEDY, rng=np.random.default_rng(0),
+                                  stop_ids=frozenset()).tokens
+        out = generate_speculative(session, OracleDrafter(expected, len(prompt), every_third_wrong), prompt,
+                                   max_new_tokens=40, params=GREEDY, rng=np.random.default_rng(0),
+                                   stop_ids=frozenset(), k=8, vocab_size=320)
+        assert out.tokens == expected
+    monkeypatch.setattr(Session, "pass_cap", lambda self: None)
+    session.min_rows = 1
+    assert hostcheck.probe(session, 320, artifact="x", runtime="ort").one_row_max_diff > 0
 
 
 def test_schema_1_bundles_still_load(llama, tmp_path):

@@ -11,7 +11,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from edge_spec.contract.kv import WRITES_ALL, KVLayout
+from edge_spec.contract.kv import WRITES_ALL, KVLayout, pass_cap
 from edge_spec.contract.kv_state import KVState
 
 
@@ -66,6 +66,10 @@ class Session:
     @property
     def max_context(self) -> int:
         return self.state.layout.max_context
+
+    def pass_cap(self) -> int | None:
+        """The most tokens the next verify pass may carry and stay bit-identical to decode steps (kv.pass_cap)."""
+        return pass_cap(self.state.layout, self.length, self.min_rows)
 
     def forward(self, tokens: list[int], *, last_only: bool = False) -> StepOutput:
         """Run T tokens at positions [length, length + T) without committing them."""

@@ -12,7 +12,9 @@ Logical model (shared by every runtime and every exported format):
   * binding `shared`: caches are graph inputs and outputs (`k_present.{l}`, [1, H_kv, S_l, D_l]) that the runtime
     binds to the same buffers; a pass writes all its T rows at slot == position (rejected drafts too, then
     masked and overwritten), as onnxruntime's GroupQueryAttention does, plus a dummy row in the slot after them
-    (`SHARED_SPARE_SLOTS`: the runtime binds up to S_l + 1 slots). Full attention only.
+    (`SHARED_SPARE_SLOTS`: the runtime binds up to S_l + 1 slots). Slot == position, so a sliding layer keeps
+    max_context slots too (its kernel attends over the window itself; the pages of slots not yet written are never
+    touched: runtimes/io_caches.py `lazy_zeros`).
   * binding `state`: the program owns the caches and writes every row of a pass.
   * rings: W + 1 slots (the drafter reads W + 1 keys), or W + max_pass - 1 when the layout caps the
     tokens per forward (`max_pass`): exported graphs place a forward's new keys in their ring slots
@@ -138,11 +140,18 @@ def mask_cols_dim(kind: str) -> str:
 BINDING_IO = "io"  # caches are graph inputs; the runtime writes committed rows (write-after-verify)
 BINDING_STATE = "state"  # caches live in the program; a forward writes all its rows at their slots, rejected included
 # caches are graph inputs *and* outputs bound to the same buffers: a forward writes all its rows at their slots (as
-# `state`), e.g. onnxruntime's GroupQueryAttention in share-buffer mode. Full attention only (slot == position).
+# `state`), e.g. onnxruntime's GroupQueryAttention in share-buffer mode. Slot == position (sliding layers too).
 BINDING_SHARED = "shared"
 # A `shared` graph appends one dummy row to every pass (so its fused attention never runs a one-row kernel, whose sums
 # differ from the multi-row ones) and writes it into the slot after the pass: runtimes bind one spare slot.
 SHARED_SPARE_SLOTS = 1
+# onnxruntime's CPU GroupQueryAttention scores a pass with one sgemm [T', D] x [D, N] (N: keys visible to its last
+# row, the dummy row's included), and MLAS sums the D terms in one block while N <= SCORE_EDGE but in blocks of
+# SCORE_K_BLOCK beyond. With D > SCORE_K_BLOCK (gemma-3: 256) a row scored in a pass whose N crosses the edge differs
+# in its last bits from the same row's decode step (docs/architecture.md "Fused attention over long heads"), so such a
+# layout caps the verify passes that would cross it (`pass_cap`); the host check probes the edges.
+SCORE_EDGE = 64
+SCORE_K_BLOCK = 128
 WRITES_ALL = (BINDING_STATE, BINDING_SHARED)  # bindings whose forwards write every row, rejected drafts included
 CACHE_INPUTS = (BINDING_IO, BINDING_SHARED)  # bindings whose graphs take the caches as inputs
 
@@ -211,12 +220,28 @@ def ring_slots(window: int, max_context: int, max_pass: int | None = None, bindi
     `state`: the program writes every row of a pass, rejected drafts included, so after a pass of max_pass rows of
     which only one is accepted, the drafter's window (W + 1 keys before the bonus token at p + 1) must still be
     whole: the rows written reach p + max_pass - 1, the window starts at p - W, so W + max_pass slots.
+    `shared`: no ring (slot == position, as a fused kernel writes it): max_context slots.
     """
+    if binding == BINDING_SHARED:
+        return max_context
     if binding == BINDING_STATE:
         if max_pass is None:
             raise ConfigError("a `state` layout needs a cap on the tokens per pass (max_pass)")
         return min(window + max_pass, max_context)
     return min(window + max(2, max_pass or 0) - 1, max_context)
+
+
+def pass_cap(layout: KVLayout, n_cached: int, min_rows: int = 1) -> int | None:
+    """The most tokens a verify pass after `n_cached` committed ones may carry so that each of its rows is scored as
+    its decode step scores it (None: any), in a session whose passes carry at least `min_rows` rows. Only `shared`
+    layouts with heads longer than SCORE_K_BLOCK, and only while a decode step there still scores <= SCORE_EDGE keys
+    (a step at p scores p + min_rows + the dummy row): then the pass, and the step of its last row, must too. Prefill
+    chunks need no cap: plain and speculative decoding take the same ones."""
+    if layout.binding != BINDING_SHARED or all(c.head_dim <= SCORE_K_BLOCK for c in layout.caches):
+        return None
+    if n_cached + min_rows + SHARED_SPARE_SLOTS > SCORE_EDGE:  # its decode steps score past the edge already
+        return None
+    return SCORE_EDGE - SHARED_SPARE_SLOTS - min_rows + 1 - n_cached  # the last row's step: <= SCORE_EDGE keys
 
 
 def check_pass(layout: KVLayout, n_new: int) -> None:

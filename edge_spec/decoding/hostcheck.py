@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_spec.contract.backend import Session
-from edge_spec.contract.kv import SLIDING
+from edge_spec.contract.kv import SCORE_EDGE, SLIDING, pass_cap
 
 PROBE_VERSION = 1
 # x86 / arm features that select different kernels in onnxruntime (MLAS), XNNPACK and torch
@@ -129,7 +129,8 @@ class HostCheck:
 def probe_windows(layout, max_t: int, edge: int | None = None) -> tuple[tuple[int, int], ...]:
     """(start, T) verify passes that cross the places where kernels or bindings change shape - the backend's cache
     bucket edges (`edge`, 2 * edge), each sliding ring's first and second wrap - then small passes near the start
-    where they do not overlap those. T runs over 2, 3, 5 and max_t (row counts take different kernel tiles). Every
+    where they do not overlap those (a layout with a pass cap, kv.pass_cap: one across half its edge too; `_run_mode`
+    cuts a window to the cap). T runs over 2, 3, 5 and max_t (row counts take different kernel tiles). Every
     window leaves room for a dummy row after it (two-row mode), and windows never overlap (they are probed in one
     pass over the tokens)."""
     max_t = max(2, max_t)
@@ -149,13 +150,16 @@ def probe_windows(layout, max_t: int, edge: int | None = None) -> tuple[tuple[in
     for e, t in zip(sorted(set(edges)), [max_t, 3, max_t, 2] * len(edges)):  # passes straddling each edge first
         t = min(t, max_t)
         keep(e - t // 2, t)
+    if pass_cap(layout, 0) is not None:  # long heads scored by a fused kernel: were its edge not where kv.py says,
+        keep(SCORE_EDGE // 2 - max_t // 2, max_t)  # a pass across another power of two would differ
     for start, t in ((2, 2), (5, 3), (9, min(5, max_t)), (15, max_t)):
         keep(start, t)
     return tuple(sorted(kept))
 
 
 def _run_mode(session: Session, tokens: list[int], windows, min_rows: int) -> tuple[float, float]:
-    """Max |verify row - decode step| over `windows` and the median decode step time, with `min_rows`."""
+    """Max |verify row - decode step| over `windows` and the median decode step time, with `min_rows`. A window is
+    cut to the longest verify pass decoding takes there (`Session.pass_cap`)."""
     session.reset()
     session.min_rows = min_rows
     worst, times = 0.0, []
@@ -163,6 +167,7 @@ def _run_mode(session: Session, tokens: list[int], windows, min_rows: int) -> tu
         for n, (start, t) in enumerate(windows):
             if session.length < start:
                 session.prefill(tokens[session.length:start])
+            t = min(t, session.pass_cap() or t)
             verify = session.forward(tokens[start:start + t]).logits  # one pass, not committed
             steps = []
             for token in tokens[start:start + t]:  # plain decoding: one token per pass, committed

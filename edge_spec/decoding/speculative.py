@@ -235,6 +235,8 @@ def generate_speculative(session: Session, drafter: DrafterBackend | None, promp
         on_token(token)
     while token not in stop_ids and len(tokens) < max_new_tokens:
         left = max_new_tokens - len(tokens) - 1
+        if (cap := session.pass_cap()) is not None:  # a pass the kernels would score unlike decode steps (kv.pass_cap)
+            left = min(left, cap - 1)
         t0 = time.perf_counter()
         drafts, source = [], False  # the CostModel's source key: False MTP, True lookup, DATASTORE
         if retrieval is not None:  # retrieval first, at its own length (CostModel prices the sources apart)

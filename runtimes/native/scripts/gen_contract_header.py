@@ -34,7 +34,7 @@ CONSTANTS = [
 # edge_spec/contract/manifest.py's drafter kinds and the eagle3 fc graph's name: (C++ name, manifest attribute)
 MANIFEST_CONSTANTS = [("DRAFTER_MTP", "MTP"), ("DRAFTER_EAGLE3", "EAGLE3"), ("EAGLE3_FC_GRAPH", "EAGLE3_FC_GRAPH")]
 # kv.py's integer constants the runner uses
-INTEGERS = ["TABLE_BLOCK", "SHARED_SPARE_SLOTS", "EAGLE3_FIRST_CHUNK"]
+INTEGERS = ["TABLE_BLOCK", "SHARED_SPARE_SLOTS", "EAGLE3_FIRST_CHUNK", "SCORE_EDGE", "SCORE_K_BLOCK"]
 # kv.py's tuples of names (each name is one of CONSTANTS')
 TUPLES = ["TARGET_TABLES"]
 # kv.py's name functions of one argument: each is prefix + argument + suffix (checked below)

@@ -39,6 +39,8 @@ inline constexpr const char* DRAFT_MASK = "draft_mask";
 inline constexpr int TABLE_BLOCK = 32;
 inline constexpr int SHARED_SPARE_SLOTS = 1;
 inline constexpr int EAGLE3_FIRST_CHUNK = 64;
+inline constexpr int SCORE_EDGE = 64;
+inline constexpr int SCORE_K_BLOCK = 128;
 inline const std::vector<std::string> TARGET_TABLES = {EMBED_TABLE, EMBED_Q8, EMBED_Q4, EMBED_SCALES, EMBED_ZERO_POINTS};
 
 // ---- drafter kinds and the eagle3 fc graph's name (manifest.py) ----

@@ -46,9 +46,11 @@ std::pair<double, double> run_mode(Session& session, const std::vector<int64_t>&
   double worst = 0.0;
   std::vector<double> times;
   for (size_t w = 0; w < windows.size(); ++w) {
-    const int start = windows[w].first, t = windows[w].second;
+    const int start = windows[w].first;
     if (session.length() < start)
       session.prefill(std::vector<int64_t>(tokens.begin() + session.length(), tokens.begin() + start));
+    int t = windows[w].second;  // cut to the longest verify pass decoding takes here (kv.h pass_cap)
+    if (const int cap = pass_cap(session.state.layout(), session.length(), min_rows)) t = std::min(t, cap);
     std::vector<int64_t> span(tokens.begin() + start, tokens.begin() + start + t);
     StepOutput verify = session.forward(span);  // one pass, not committed: [T, V]
     for (int i = 0; i < t; ++i) {  // plain decoding: one token per pass, committed
@@ -178,6 +180,7 @@ std::vector<std::pair<int, int>> probe_windows(const KVLayout& layout, int max_t
     const int t = std::min(pattern[i++ % 4], max_t);
     keep(e - t / 2, t);
   }
+  if (pass_cap(layout, 0, 1)) keep(SCORE_EDGE / 2 - max_t / 2, max_t);  // long heads in a fused kernel (hostcheck.py)
   const std::pair<int, int> small[4] = {{2, 2}, {5, 3}, {9, std::min(5, max_t)}, {15, max_t}};
   for (const auto& w : small) keep(w.first, w.second);
   std::sort(kept.begin(), kept.end());

@@ -32,11 +32,20 @@ int KVLayout::window(const std::string& kind) const {
 }
 
 int ring_slots(int window, int max_context, int max_pass, const std::string& binding) {
+  if (binding == BINDING_SHARED) return max_context;  // slot == position: no ring (kv.py ring_slots)
   if (binding == BINDING_STATE) {
     if (max_pass <= 0) throw config_error("a `state` layout needs a cap on the tokens per pass (max_pass)");
     return std::min(window + max_pass, max_context);
   }
   return std::min(window + std::max(2, max_pass) - 1, max_context);
+}
+
+int pass_cap(const KVLayout& layout, int64_t n_cached, int min_rows) {
+  if (layout.binding != BINDING_SHARED) return 0;
+  bool long_heads = false;
+  for (const auto& c : layout.caches) long_heads |= c.head_dim > SCORE_K_BLOCK;
+  if (!long_heads || n_cached + min_rows + SHARED_SPARE_SLOTS > SCORE_EDGE) return 0;
+  return int(SCORE_EDGE - SHARED_SPARE_SLOTS - min_rows + 1 - n_cached);  // the last row's step: <= SCORE_EDGE keys
 }
 
 void check_pass(const KVLayout& layout, int n_new) {

@@ -21,6 +21,8 @@ using contract::BINDING_IO;      // kv.py's bindings (contract_names.h)
 using contract::BINDING_STATE;
 using contract::BINDING_SHARED;  // caches in and out bound to the same buffers (kv.py)
 using contract::SHARED_SPARE_SLOTS;  // a `shared` pass writes a dummy row one slot past its own
+using contract::SCORE_EDGE;          // onnxruntime's attention scoring sums long heads otherwise past it (kv.py)
+using contract::SCORE_K_BLOCK;
 bool writes_all(const std::string& binding);  // every row of a pass lands in the caches (state, shared)
 constexpr float NEG_INF = -1e30f;  // finite: a fully masked row never turns into NaN
 
@@ -54,6 +56,10 @@ using Masks = std::map<std::string, Mask>;  // kind -> mask
 
 int ring_slots(int window, int max_context, int max_pass, const std::string& binding);
 void check_pass(const KVLayout& layout, int n_new);
+// The most tokens a verify pass after n_cached committed ones may carry and have each row scored as its decode step
+// scores it (0: any): `shared` layouts with heads longer than SCORE_K_BLOCK, while a decode step scores <= SCORE_EDGE
+// keys (kv.py pass_cap).
+int pass_cap(const KVLayout& layout, int64_t n_cached, int min_rows);
 int drafter_window(int window);  // W + 2 (0 stays 0)
 // slot_pos: [S] (-1 empty); queries at positions q0 .. q0 + n - 1 -> [n, S + n].
 Mask attention_mask(const std::vector<int64_t>& slot_pos, int64_t q0, int n, int window);

@@ -260,7 +260,9 @@ GenerationResult generate_speculative(Session& session, DrafterBackend& drafter,
   }
   bool go = !on_token || on_token(token);
   while (go && !stop_ids.count(token) && int(tokens.size()) < max_new_tokens) {
-    const int left = max_new_tokens - int(tokens.size()) - 1;
+    int left = max_new_tokens - int(tokens.size()) - 1;
+    if (const int cap = pass_cap(session.state.layout(), session.length(), session.min_rows))  // kv.h pass_cap
+      left = std::min(left, cap - 1);
     const double t0 = now_s();
     std::vector<int64_t> drafts;
     SparseRows draft_probs;
