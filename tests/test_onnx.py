@@ -160,10 +160,10 @@ def test_long_heads_are_scored_keys_major_so_verify_rows_stay_bit_identical(tmp_
     save_gemma3_reference(gemma3_config(head_dim=256, query_pre_attn_scalar=256), tmp_path / "ckpt", seed=3)
     target = checkpoints.load(str(tmp_path / "ckpt"))
     ids, windows = prompt_ids(150, seed=4), ((100, 5), (120, 4), (140, 3))  # caches of 128 / 160 slots
-    folder = export_bundle(target, tmp_path / "keys-major", max_context=160)
+    folder = export_bundle(target, tmp_path / "keys-major", max_context=160, binding=kv.BINDING_IO)  # our attention
     assert differing_windows(host_checked_session(folder), ids, windows) == []
     monkeypatch.setattr(attention, "LONGEST_SINGLE_BLOCK", 1024)
-    folder = export_bundle(target, tmp_path / "query-major", max_context=160)
+    folder = export_bundle(target, tmp_path / "query-major", max_context=160, binding=kv.BINDING_IO)
     assert differing_windows(load_bundle(folder, threads=2, host_check=False).session, ids, windows)
 
 
