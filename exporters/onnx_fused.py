@@ -4,7 +4,8 @@
     ones; the llama family's packed q/k/v heads are rotated 4-D (BNSH) once split;
   * gate/up packed into one projection (and q/k/v for the llama family, whose heads are split once);
   * SkipSimplifiedLayerNormalization for every residual add + the norm after it (llama blocks hand their MLP output
-    to the next norm: `Ops.fold_residuals`);
+    to the next norm: `Ops.fold_residuals`; Gemma blocks fuse the add before their pre-feed-forward norm);
+  * FastGelu for GELU's tanh approximation (Gemma's MLP activation);
   * with `gqa` (the `shared` KV binding: llama, qwen3, Gemma-3): GroupQueryAttention for a layer's rotary +
     attention + cache write, fed the packed q/k/v projection (q and k normed first where the family norms them),
     the caches bound in and out to the same buffers (share-buffer mode), a sliding layer's window as the kernel's
@@ -108,6 +109,13 @@ class FusedOps(Ops):
 
     def gate_up(self, mlp):
         return self.packed_gate_up.get(mlp)
+
+    def gelu(self, x):
+        """Under ONNX export one com.microsoft FastGelu node (GELU's tanh approximation, Gemma's activation) instead
+        of the ~8 element-wise nodes it is spelled in."""
+        if not torch.onnx.is_in_onnx_export():
+            return super().gelu(x)
+        return torch.onnx.ops.symbolic("com.microsoft::FastGelu", (x,), {}, dtype=x.dtype, shape=x.shape, version=1)
 
     def skip_norm(self, x, delta, norm):
         """Under ONNX export one SkipSimplifiedLayerNormalization node (output 0 = normed, output 3 = the sum)."""

@@ -212,8 +212,8 @@ class Block(nn.Module):
         if not self.gemma:
             x = x + attn
             return x + self.mlp(self.post_attention_layernorm(x), ops), new
-        x = x + self.post_attention_layernorm(attn)
-        y = self.mlp(self.pre_feedforward_layernorm(x), ops)
+        h, x = ops.skip_norm(x, self.post_attention_layernorm(attn), self.pre_feedforward_layernorm)  # norm(x + a)
+        y = self.mlp(h, ops)
         if self.moe:
             flat = x.reshape(-1, x.shape[-1])  # the router reads the pre-MLP residual stream
             experts = self.experts(self.pre_feedforward_layernorm_2(flat), self.router(flat), ops).reshape(x.shape)
