@@ -27,8 +27,10 @@ from tests.tiny import gemma3_config, save_gemma3_reference
 TINY_TOL = 1e-5
 # Real model: logits reach ~100 there, and transformers' own fp32 results move by about this much (measured on the
 # chat prompts: its eager vs sdpa attention 9.2e-5 apart, its fp32 vs fp64 1.7e-4); ours are <= 1.5e-4 from its
-# eager fp32 (<= 4.4e-5 on the plain prompts, whose logits stay under ~35).
-REAL_TOL = 2e-4
+# eager fp32 (<= 4.4e-5 on the plain prompts, whose logits stay under ~35). On an Intel Xeon with AVX-512 (2026-12-07)
+# the ~780-token prompt past the sliding window comes out 3.0e-4 apart (torch's kernels there sum in another order;
+# the same figure with and without that day's graph changes), so the bound is 4e-4: still ~4e-6 of the logits' range.
+REAL_TOL = 4e-4
 
 
 def logits_of(loaded, ids: list[int], max_context: int = 64) -> np.ndarray:
