@@ -4,6 +4,7 @@ No speed is asserted here (speed lives in docs/benchmarks.md, produced by the co
 
 import builtins
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -278,6 +279,25 @@ def test_an_isolated_peer_runs_in_its_own_process_and_its_errors_come_back():
     with pytest.raises(ConfigError, match="_EchoPeer peer failed: ValueError: cannot build this peer") as err:
         IsolatedPeer(_EchoPeer, fail_on_build=True)  # a library's own error: named, the CLI prints no traceback
     assert isinstance(err.value.__cause__, ValueError)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss carried across exec is Linux's")
+def test_an_isolated_peers_peak_memory_is_its_own_not_its_parents():
+    """A peer spawned while the bench holds 400 MB more reports its own peak, not the forked copy's: Linux carries
+    ru_maxrss across exec (the measurement before: 853 MB for this do-nothing peer beside a 600 MB parent)."""
+    from edge_spec.peers.isolated import IsolatedPeer
+
+    from edge_spec.peers.isolated import peak_rss_mb
+
+    held = np.ones(400 * 2 ** 20 // 8)  # 400 MB touched in this process
+    ours = peak_rss_mb()
+    peer = IsolatedPeer(_EchoPeer)
+    try:
+        own = peer.result()["peak_rss_mb"]
+    finally:
+        peer.close()
+    assert 0 < own < ours - 300, (own, ours)  # the child imports what this module imports, holds none of the 400 MB
+    del held
 
 
 def test_the_genai_peer_precision_follows_the_bundles_weights():
