@@ -107,8 +107,7 @@ def builtin_drafters(model: str) -> dict[str, Path]:
 def resolve_drafter(drafter: str, model: str, *, fmt: str | None = None) -> Path:
     """'builtin' -> the drafter shipped for a built-in model (for format `fmt`: the default family when every runtime
     of that format runs it, the native runner of the phone apps included, else the shipped MTP drafter: an EAGLE-3
-    default gives QNN and Core ML bundles the MTP one); 'builtin:FAMILY' -> that family's; anything else is a
-    folder path."""
+    default gives Core ML bundles the MTP one); 'builtin:FAMILY' -> that family's; anything else is a folder path."""
     if drafter != "builtin" and not drafter.startswith("builtin:"):
         return Path(drafter).expanduser()
     shipped = builtin_drafters(model)

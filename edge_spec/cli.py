@@ -223,7 +223,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     module = exporter(args.format)
     choice = default_drafter(args.model) if args.drafter is None else args.drafter
     choice = None if choice == "none" else choice
-    steps = module.export_steps(choice is not None, max_draft_len=args.max_draft_len, max_pass=args.max_pass, **options)
+    eagle3 = False  # an EAGLE-3 drafter: its graphs are export steps of their own (a bad choice fails below)
+    if choice:
+        try:
+            eagle3 = drafter_family(resolve_drafter(choice, args.model, fmt=args.format)) == "eagle3"
+        except (EdgeSpecError, OSError):
+            pass
+    steps = module.export_steps(choice is not None, max_draft_len=args.max_draft_len, max_pass=args.max_pass,
+                                eagle3=eagle3, **options)
     bar = tqdm(total=steps + 1, desc="export", unit="step", file=sys.stderr,
                bar_format="{desc}: {n}/{total} {bar} {elapsed} {postfix}")
 
@@ -235,12 +242,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         progress("loading the checkpoints")
         drafter_folder = resolve_drafter(choice, args.model, fmt=args.format) if choice else None
         if choice == "builtin" and drafter_folder != resolve_drafter(choice, args.model):
-            tqdm.write(f"export: not every runtime of {args.format} bundles runs an EAGLE-3 drafter yet (QNN none, the "
-                       f"native runner of the iOS app no Core ML one): shipping {args.model}'s built-in "
+            tqdm.write(f"export: the native runner (the phone apps) runs no EAGLE-3 drafter in {args.format} bundles "
+                       f"yet (ONNX, ExecuTorch and QNN ones only): shipping {args.model}'s built-in "
                        f"{drafter_family(drafter_folder)} drafter (--drafter builtin:eagle3 where the Python runtime "
                        "is enough)", file=sys.stderr)
         target = load_checkpoint(args.model)
-        # an MTP drafter folder, or a Speculators EAGLE-3 one (onnx, executorch, coreml; qnn refuses it by name)
+        # an MTP drafter folder, or a Speculators EAGLE-3 one (every shipped format)
         drafter = load_export_drafter(drafter_folder, target) if drafter_folder else None
         ship = datastore_by_default(drafter) if args.datastore is None else args.datastore
         if args.datastore is None and not ship:

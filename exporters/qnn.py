@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from dataclasses import dataclass
 import logging
 import warnings
 from pathlib import Path
@@ -64,6 +65,8 @@ from edge_spec.contract import bundle
 from edge_spec.contract import kv
 from edge_spec.runtimes import qnn_htp
 from edge_spec.contract.bundle import COMMON_STEPS, DEFAULT_MAX_DRAFT_LEN
+from edge_spec.contract.manifest import EAGLE3_FC_GRAPH
+from edge_spec.model.attention import attend_concat
 from edge_spec.model.forms import PLACED
 from edge_spec.model.ops import TableRopeOps
 from edge_spec.errors import ConfigError, ExportError
@@ -317,14 +320,51 @@ def share_weights(models: list[Path], data: Path) -> tuple[int, int]:
     return before, size
 
 
+# ---- 1c. an EAGLE-3 drafter's graphs -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Eagle3Graphs:
+    draft: kv.KVLayout  # its own cache (bundle.eagle3_layout)
+    steps: dict[int, str]  # pass length -> step graph name
+    fcs: dict[int, str]  # pass length -> fc graph name
+
+
+def _eagle3_graphs(job: bundle.ExportJob, lengths: tuple[int, ...], work: Path, fp32: dict[str, Path]) -> Eagle3Graphs:
+    """An EAGLE-3 drafter's step and fc graphs at each of the target's pass lengths, fp32 ONNX into `fp32` (graph ->
+    path), linears as 1x1 Convs and norms as single nodes like the target's. The step reads rotary cos / sin from
+    tables and attends with 4-D ops only (`static.Eagle3StepFunction`: what the HTP compiles); the runtime pads a
+    shorter step at the front (edge_spec.runtimes.fixed_eagle3)."""
+    drafter, c = job.drafter.eval(), job.drafter.cfg
+    draft = bundle.eagle3_layout(c, job.layout.max_context)
+    step_io, fc_io = (kv.eagle3_drafter_io(draft, c.hidden_size, c.draft_vocab_size),
+                      kv.eagle3_fc_io(len(job.aux_layers) * job.target.config.hidden_size, c.hidden_size))
+    names = [([t.name for t in io.inputs], [t.name for t in io.outputs]) for io in (step_io, fc_io)]
+    rows = draft.max_context + max(lengths) + 1  # positions a padded step can hold
+    graphs = Eagle3Graphs(draft, {t: qnn_htp.eagle3_step_graph(t) for t in lengths},
+                          {t: qnn_htp.eagle3_fc_graph(t) for t in lengths})
+    for t in lengths:
+        job.step(f"exporting the EAGLE-3 drafter at T = {t}")
+        width = len(job.aux_layers) * job.target.config.hidden_size
+        for g, module, args, io in ((graphs.steps[t], static.Eagle3StepFunction(drafter, rows, attend_concat),
+                                     static.eagle3_step_args(drafter, draft, t), names[0]),
+                                    (graphs.fcs[t], static.Eagle3FcFunction(drafter), (torch.zeros(1, t, width),),
+                                     names[1])):
+            fp32[g] = work / f"{g}.onnx"
+            _onnx(module.eval(), args, io, fp32[g], g)
+            linears_as_conv(fp32[g])
+            fuse_rms_norms(fp32[g])
+    return graphs
+
+
 # ---- the bundle -------------------------------------------------------------------------------------------
 def export_steps(with_drafter: bool, max_draft_len: int | None = None, max_pass: int | None = None,
-                 graphs: str = "two", position0: str = "graph", **_) -> int:
+                 graphs: str = "two", position0: str = "graph", eagle3: bool = False, **_) -> int:
     """How many times `export_bundle` calls `progress` for these lengths and --qnn-graphs (None: the defaults; for a
-    progress bar)."""
+    progress bar). `eagle3`: the drafter is an EAGLE-3 one (a step and an fc graph per length)."""
     k = max_draft_len or DEFAULT_MAX_DRAFT_LEN
-    n = len(target_lengths(graphs, k, max_pass or max(kv.DEFAULT_MAX_PASS, k + 1))) + with_drafter
-    return COMMON_STEPS + n + 1 + 2 * n + 1 + 1 + (position0 == "table")
+    lengths = len(target_lengths(graphs, k, max_pass or max(kv.DEFAULT_MAX_PASS, k + 1)))
+    exports = lengths + (lengths if eagle3 else int(with_drafter))  # torch.onnx runs (an EAGLE-3 one: both graphs)
+    graphs_out = lengths * (3 if eagle3 else 1) + (0 if eagle3 else int(with_drafter))  # quantized + compiled each
+    return COMMON_STEPS + exports + 1 + 2 * graphs_out + 1 + 1 + (position0 == "table")
 
 
 GRAPHS = ("two", "every")  # --qnn-graphs: which fixed pass lengths get a target graph (`target_lengths`)
@@ -386,7 +426,8 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
     work.mkdir()
     (job.tmp / QNN_DIR).mkdir()
     fp32: dict[str, Path] = {}
-    target_io = kv.target_io(layout, cfg.vocab_size, cfg.hidden_size)
+    aux = len(job.aux_layers) * cfg.hidden_size  # an eagle3 drafter's: the target graphs return its aux states
+    target_io = kv.target_io(layout, cfg.vocab_size, cfg.hidden_size, aux_size=aux)
     drafter_io = None
     kinds = layout.kinds()
     names_in = [t.name for t in target_io.inputs]
@@ -397,11 +438,13 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
     for t in lengths:
         step(f"exporting the target at T = {t}")
         fp32[target_graph(t)] = work / f"{target_graph(t)}.onnx"
-        _onnx(static.PlacedTargetFunction(model, kinds, ops).eval(), static.placed_target_args(layout, slots, t),
+        _onnx(static.PlacedTargetFunction(model, kinds, ops, job.aux_layers).eval(),
+              static.placed_target_args(layout, slots, t),
               (placed_in, [o.name for o in target_io.outputs]), fp32[target_graph(t)], target_graph(t))
         linears_as_conv(fp32[target_graph(t)])
         fuse_rms_norms(fp32[target_graph(t)])
-    if job.drafter is not None:
+    eagle3 = _eagle3_graphs(job, lengths, work, fp32) if job.aux_layers else None
+    if job.drafter is not None and not eagle3:
         step("exporting the drafter step")
         drafter_io = kv.drafter_io(layout, job.sources, cfg.vocab_size, cfg.hidden_size,
                                    job.drafter.cfg.candidates_per_step, output_table=False, tables=False)
@@ -413,7 +456,7 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
         linears_as_conv(fp32[DRAFTER_GRAPH])
         fuse_rms_norms(fp32[DRAFTER_GRAPH])
     step("calibrating on the bench prompts (fp32 graphs, CPU)")
-    feeds = calibrate(job, fp32, lengths, slots, host_sink)
+    feeds = calibrate(job, fp32, lengths, slots, host_sink, eagle3)
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
     pre = {}
@@ -424,11 +467,17 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
     targets = [target_graph(t) for t in lengths]
     own = {g: tensor_ranges(pre[g], feeds.pop(g)) for g in list(feeds)}  # each graph's ranges over its feeds
     merged = merged_ranges(pre, own, targets)  # one range per tensor across the target's graphs
+    outputs = dict.fromkeys(targets, (kv.LOGITS, kv.HIDDEN))  # the outputs whose ranges get headroom
+    if eagle3:  # the drafter's step graphs share their ranges, and so do its fc graphs
+        for group, names in ((eagle3.steps, (kv.DRAFT_LOGITS, kv.DRAFT_HIDDEN)), (eagle3.fcs, ())):
+            merged |= merged_ranges(pre, own, list(group.values()))
+            outputs |= dict.fromkeys(group.values(), names)
     for g in fp32:
         step(f"quantizing {g} ({job.precision})")
-        ranges = with_headroom(merged[g], moved_from(pre[g], (kv.LOGITS, kv.HIDDEN))) if g in merged else None
-        quantize(pre[g], job.tmp / qdq_file(g), own[g], job.precision, ranges, tables=g == DRAFTER_GRAPH,
-                 wide=WIDE_WEIGHTS if g in merged else ())
+        ranges = with_headroom(merged[g], moved_from(pre[g], outputs[g])) if g in merged else None
+        tables = g == DRAFTER_GRAPH or bool(eagle3 and g in eagle3.steps.values())
+        quantize(pre[g], job.tmp / qdq_file(g), own[g], job.precision, ranges, tables=tables,
+                 wide=WIDE_WEIGHTS if g in targets else ())
         step(f"compiling {g} for {soc.name} (HTP v{soc.htp_arch})")
         compile_context(job.tmp / qdq_file(g), job.tmp / ctx_file(g), soc)
     if host_sink:
@@ -448,7 +497,7 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
         tokens = qnn_position0.first_tokens(job.target)
         step(f"precomputing position 0 for first tokens {tokens}")
         qnn_position0.write_table(job.tmp / qnn_htp.sink_file(), job.layout, lengths[0], slots, tokens,
-                                  job.tmp / qnn_htp.position0_file())
+                                  job.tmp / qnn_htp.position0_file(), aux)
         for g in fp32:
             (job.tmp / qdq_file(g)).unlink()
         (job.tmp / qnn_htp.sink_file()).unlink()
@@ -457,7 +506,17 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
                  "position0": {"file": qnn_htp.position0_file(), "tokens": tokens}}
     fixed = {"lengths": {str(t): target_graph(t) for t in lengths}, "slots": slots, "qnn": chip}
     graphs = {"target": GraphEntry(QNN_DIR, job.precision, target_io, fixed=fixed)}
-    if drafter_io is not None:
+    if eagle3:  # its step and fc graphs at the target's lengths, over its own `io` cache
+        c = job.drafter.cfg
+        graphs["drafter"] = GraphEntry(QNN_DIR, job.precision,
+                                       kv.eagle3_drafter_io(eagle3.draft, c.hidden_size, c.draft_vocab_size),
+                                       method=eagle3.steps[lengths[0]],
+                                       fixed={"lengths": {str(t): g for t, g in eagle3.steps.items()},
+                                              "slots": {kv.DRAFT_KIND: eagle3.draft.max_context}, "qnn": chip})
+        graphs[EAGLE3_FC_GRAPH] = GraphEntry(QNN_DIR, job.precision, kv.eagle3_fc_io(aux, c.hidden_size),
+                                             method=eagle3.fcs[lengths[0]],
+                                             fixed={"lengths": {str(t): g for t, g in eagle3.fcs.items()}, "qnn": chip})
+    elif drafter_io is not None:
         graphs["drafter"] = GraphEntry(QNN_DIR, job.precision, drafter_io, method=DRAFTER_GRAPH,
                                        fixed={"slots": slots, "qnn": chip})
     return graphs, {}

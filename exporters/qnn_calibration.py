@@ -16,6 +16,7 @@ from edge_spec.runtimes import qnn_htp
 from edge_spec.contract.backend import Session
 from edge_spec.loading.checkpoints import LoadedModel
 from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter
+from edge_spec.runtimes.fixed_eagle3 import FixedEagle3Drafter
 from edge_spec.decoding.generate import generate_plain
 from edge_spec.decoding.sampling import SamplingParams
 
@@ -72,9 +73,13 @@ def calibration_tokens(target: LoadedModel, run: Session, n_prompts: int = CALIB
 
 
 def calibrate(job: bundle.ExportJob, fp32: dict[str, Path], lengths: tuple[int, ...], slots: dict[str, int],
-              host_sink: bool = True):
+              host_sink: bool = True, eagle3=None):
     """graph -> calibration feeds, gathered by running the fp32 graphs on the CPU through the bundle's own runtime.
-    `host_sink`: position 0 runs as the runtime will run it, outside the quantized graphs (not recorded)."""
+    `host_sink`: position 0 runs as the runtime will run it, outside the quantized graphs (not recorded).
+    `eagle3` (exporters/qnn.Eagle3Graphs): the drafter's step and fc graphs, run by runtimes/fixed_eagle3.py. Its
+    first row reads the target's aux states at position 0, which the host sink computes in float: there an attention
+    sink's massive activation (SmolLM2: 24,874) would set the fc graph's 16-bit ranges, so calibration feeds that
+    row as zeros (at run time it saturates its ranges: one drafter cache row, drafts only)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -84,10 +89,22 @@ def calibrate(job: bundle.ExportJob, fp32: dict[str, Path], lengths: tuple[int, 
            for g, p in fp32.items()}
     first = rec[target_graph(lengths[0])]  # the runtime pads row 0 to the shortest graph
     sink = None if not host_sink else lambda feeds: dict(zip(first.outputs, first.session.run(None, feeds)))
+    aux = len(job.aux_layers) * job.target.config.hidden_size
     backend = FixedBackend({t: rec[target_graph(t)] for t in lengths}, job.layout, slots, "qnn-calibration",
-                           name="qnn", mask_floor=qnn_htp.MASK_FLOOR, placed=True, sink=sink)
+                           name="qnn", mask_floor=qnn_htp.MASK_FLOOR, placed=True, sink=sink, aux_width=aux)
     session = Session(backend)
-    drafter = FixedDrafter(rec[DRAFTER_GRAPH], backend, job.sources) if job.drafter is not None else None
+    if eagle3 is not None:
+        drafter = FixedEagle3Drafter({t: rec[g] for t, g in eagle3.steps.items()},
+                                     {t: rec[g] for t, g in eagle3.fcs.items()}, backend, eagle3.draft,
+                                     mask_floor=qnn_htp.MASK_FLOOR)
+        record = backend.aux_sink
+
+        def typical(ids: np.ndarray, positions: np.ndarray, rows: np.ndarray) -> None:  # rows [t, aux]
+            record(ids, positions, np.where((positions == 0)[:, None], np.float32(0.0), rows))
+
+        backend.aux_sink = typical
+    else:
+        drafter = FixedDrafter(rec[DRAFTER_GRAPH], backend, job.sources) if job.drafter is not None else None
     sequences = calibration_tokens(job.target, session)
     for j in range(max(len(sequences), len(lengths))):  # round robin: every sequence once, every length at least once
         tokens, t = sequences[j % len(sequences)], lengths[j % len(lengths)]
@@ -219,7 +236,9 @@ def with_headroom(ranges: dict[str, tuple[float, float]], names: tuple[str, ...]
     return out
 
 
-MOVES = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")  # data movement: QNN keeps the input's encoding
+# data movement: QNN keeps the input's encoding (Gather / Slice: rows picked out of a tensor, e.g. an EAGLE-3 step's
+# last row of draft logits; without them its headroom missed the head's output and its top logits clipped)
+MOVES = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice")
 
 
 def moved_from(path: Path, names: tuple[str, ...]) -> tuple[str, ...]:

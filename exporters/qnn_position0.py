@@ -38,9 +38,10 @@ def first_tokens(target: LoadedModel) -> list[int]:
 
 
 def write_table(sink: Path, layout: kv.KVLayout, length: int, slots: dict[str, int], tokens: list[int],
-                out: Path) -> None:
+                out: Path, aux_width: int = 0) -> None:
     """Run each of `tokens` at position 0 through the sink graph at `sink` (the shortest target graph's float twin, of
-    `length` rows) the way the runtime does (`FixedBackend.first_pass`), and write the rows it returns to `out`."""
+    `length` rows) the way the runtime does (`FixedBackend.first_pass`), and write the rows it returns to `out`
+    (`aux_width`: an eagle3 bundle's target returns its aux states too)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -54,7 +55,7 @@ def write_table(sink: Path, layout: kv.KVLayout, length: int, slots: dict[str, i
         return seen[-1]
 
     backend = FixedBackend({length: record}, layout, slots, "qnn position 0", name="qnn",
-                           mask_floor=qnn_htp.MASK_FLOOR, placed=True, sink=record)
+                           mask_floor=qnn_htp.MASK_FLOOR, placed=True, sink=record, aux_width=aux_width)
     run = Session(backend)
     with open(out, "wb") as f:
         for token in tokens:
@@ -62,5 +63,6 @@ def write_table(sink: Path, layout: kv.KVLayout, length: int, slots: dict[str, i
             run.forward([token])  # a first pass of one token: one call of the sink
             o = seen[-1]
             parts = [o[kv.LOGITS][0, 0], o[kv.HIDDEN][0, 0]] + \
-                [o[name(c.layer)][0, :, 0] for c in layout.caches for name in (kv.k_new_name, kv.v_new_name)]
+                [o[name(c.layer)][0, :, 0] for c in layout.caches for name in (kv.k_new_name, kv.v_new_name)] + \
+                ([o[kv.AUX_HIDDEN][0, 0]] if aux_width else [])
             f.write(np.concatenate([np.asarray(p, np.float32).ravel() for p in parts]).astype("<f4").tobytes())

@@ -32,9 +32,10 @@ from torch import nn
 from edge_spec.contract import kv
 from edge_spec.model.drafter import Drafter
 from edge_spec.model.eagle3 import Eagle3Drafter
-from edge_spec.model.attention import attend_slots, group_mask
+from edge_spec.model.attention import attend, attend_slots, group_mask
 from edge_spec.model.forms import PLACED, SPLIT, Form, Mask, Slots, State
 from edge_spec.model.ops import SPELLED_GELU, Ops
+from edge_spec.model.rope import Rope, rope_tables
 from edge_spec.model.transformer import Transformer
 
 
@@ -60,18 +61,29 @@ class Eagle3StepFunction(nn.Module):
     position_ids [1, T] int32, draft_mask [1, 1, T, S + T], its own caches [1, H_kv, S, D] per layer) ->
     (draft_token_ids [Vd] int32 (target ids), draft_logits [Vd], draft_hidden [1, 1, H] of the LAST row, the new
     rows [1, H_kv, T, D] per layer). The runtime pads a shorter step at the front (edge_spec.runtimes.fixed_eagle3),
-    so the last row is always a real one. The drafter's own token table is a constant."""
+    so the last row is always a real one. The drafter's own token table is a constant.
+    `rope_rows` (QNN): rotary cos / sin gathered from tables of that many positions (a computed angle is an
+    activation whose calibrated range ends at calibration's longest position: ops.TableRopeOps says why);
+    `attention`: model.attention.attend, or attend_concat (4-D ops only: what the HTP compiles)."""
 
-    def __init__(self, drafter: Eagle3Drafter):
+    def __init__(self, drafter: Eagle3Drafter, rope_rows: int | None = None, attention=attend):
         super().__init__()
-        self.drafter = drafter
+        self.drafter, self.attention = drafter, attention
         ids = drafter.target_ids(torch.arange(drafter.cfg.draft_vocab_size))
         self.register_buffer("token_ids", ids.to(torch.int32))  # [Vd]
+        self.tables = rope_tables(drafter.inv_freq, rope_rows) if rope_rows else None  # [rows, D/2] each
 
     def forward(self, input_ids, hidden, position_ids, mask, *caches):
-        out = self.drafter(hidden, input_ids.long(), position_ids.long(), mask, list(caches[0::2]), list(caches[1::2]))
+        rope = None
+        if self.tables is not None:
+            pos = position_ids.long()
+            cos, sin = (torch.cat([t[pos], t[pos]], dim=-1)[:, :, None, :] for t in self.tables)  # [1, T, 1, D]
+            rope = Rope(cos, sin)
+        out = self.drafter(hidden, input_ids.long(), position_ids.long(), mask, list(caches[0::2]), list(caches[1::2]),
+                           rope=rope, attention=self.attention)
         rows = [r for k, v in zip(out.new_k, out.new_v) for r in (k, v)]
-        return (self.token_ids + 0, out.logits[0, -1], out.hidden[:, -1:], *rows)  # + 0: a computed output
+        # + 0 x an input: a computed output (torch.onnx folds a constant one away, and its name with it)
+        return (self.token_ids + input_ids[0, :1] * 0, out.logits[0, -1], out.hidden[:, -1:], *rows)
 
 
 class Eagle3FcFunction(nn.Module):
@@ -87,23 +99,25 @@ class Eagle3FcFunction(nn.Module):
 
 
 class PlacedTargetFunction(nn.Module):
-    """(input_ids, position_ids, *slot masks, *keeps, *slot indices, *caches) -> (logits, hidden, *new rows): the QNN
-    form. Per kind: the mask in slot form [1, 1, T, S], its keep (1 where the mask is 0) and the slot index [S] int32
+    """(input_ids, position_ids, *slot masks, *keeps, *slot indices, *caches) -> (logits, hidden, [aux,] *new rows):
+    the QNN form (`aux_layers`: as TargetFunction's). Per kind: the mask in slot form [1, 1, T, S], its keep (1 where the mask is 0) and the slot index [S] int32
     (edge_spec.runtimes.fixed.slot_feeds); each
     layer places its new rows into their slots (`model.place_rows`) and attends over the S slots, so every key sits
     in its slot's column whatever T is."""
 
-    def __init__(self, model: Transformer, kinds: tuple[str, ...], ops: Ops = SPELLED_GELU):
+    def __init__(self, model: Transformer, kinds: tuple[str, ...], ops: Ops = SPELLED_GELU,
+                 aux_layers: tuple[int, ...] = ()):
         super().__init__()
-        self.model, self.kinds, self.ops = model, kinds, ops  # QNN: TableRopeOps
+        self.model, self.kinds, self.ops, self.aux_layers = model, kinds, ops, tuple(aux_layers)  # QNN: TableRopeOps
 
     def forward(self, input_ids, position_ids, *rest):
         n = len(self.kinds)
         masks, keeps, index, caches = rest[:n], rest[n:2 * n], rest[2 * n:3 * n], rest[3 * n:]
         placed = {kind: Mask(masks[i], keeps[i], index[i]) for i, kind in enumerate(self.kinds)}
         out = self.model(input_ids.long(), position_ids.long(), placed, list(caches[0::2]), list(caches[1::2]),
-                         form=PLACED, ops=self.ops)
-        return (out.logits, out.hidden, *[r for k, v in zip(out.new_k, out.new_v) for r in (k, v)])
+                         form=PLACED, ops=self.ops, aux_layers=self.aux_layers)
+        aux = (out.aux,) if self.aux_layers else ()
+        return (out.logits, out.hidden, *aux, *[r for k, v in zip(out.new_k, out.new_v) for r in (k, v)])
 
 
 class DrafterFunction(nn.Module):

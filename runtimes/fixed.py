@@ -141,7 +141,6 @@ class FixedBackend:
         # an eagle3 bundle's target functions also return kv.AUX_HIDDEN [1, T, aux_width]; after each pass `aux_sink`
         # (set by the eagle3 drafter, edge_spec/contract/eagle3_rows.py) gets (ids [t], positions [t], aux rows [t, .])
         self.aux_width, self.aux_sink, self._aux = aux_width, None, None
-        assert not (aux_width and sink), "a host sink pass returns no aux states"
         # position 0 through its own length-1 graph (QNN: float activations on the host), the rest of a first pass
         # through the quantized graphs with that row in its slot (`first_pass`). `sink_tokens`: the first tokens the
         # sink holds (a table of precomputed rows, runtimes/qnn.py); a pass from another runs through the graphs
@@ -255,6 +254,7 @@ class FixedBackend:
         first = {kind: np.concatenate([m[:, :, :1, :s[kind]], m[:, :, :1, s[kind]:s[kind] + 1]], axis=-1)
                  for kind, m in masks.items()}
         logits, hidden, new = self.run(self.sink, input_ids[:, :1], position_ids[:, :1], first)
+        aux = self._aux  # [1, aux_width] (an eagle3 bundle's; None otherwise)
         if t == 1:
             return logits, hidden, new
         rest = {}
@@ -269,6 +269,8 @@ class FixedBackend:
         finally:
             for i in range(len(self.layout.caches)):
                 self.k[i][:, :, :1], self.v[i][:, :, :1] = 0.0, 0.0
+        if self.aux_width:
+            self._aux = np.concatenate([aux, self._aux])  # [t, aux_width]
         return (np.concatenate([logits, more[0]]), np.concatenate([hidden, more[1]]),
                 [np.concatenate([a, b], axis=2) for a, b in zip(new, more[2])])
 

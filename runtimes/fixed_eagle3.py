@@ -26,15 +26,16 @@ from edge_spec.errors import BundleError
 from edge_spec.runtimes.fixed import FixedBackend, Predictor
 
 
-def front_pad_mask(s: int, t: int, n: int, slots: int) -> np.ndarray:
+def front_pad_mask(s: int, t: int, n: int, slots: int, floor: float = kv.NEG_INF) -> np.ndarray:
     """[1, 1, n, slots + n] additive: n - t pad rows then t real rows after s written slots. Every row sees the
-    written slots [0, s); real row i (graph row p + i, p = n - t) sees new rows p..p + i; pad row j sees itself."""
+    written slots [0, s); real row i (graph row p + i, p = n - t) sees new rows p..p + i; pad row j sees itself.
+    Hidden entries hold `floor` (a quantized graph's mask input has a calibrated range: QNN's MASK_FLOOR)."""
     p = n - t
-    mask = np.full((1, 1, n, slots + n), kv.NEG_INF, dtype=np.float32)
+    mask = np.full((1, 1, n, slots + n), floor, dtype=np.float32)
     mask[..., :s] = 0.0
     new = mask[0, 0, :, slots:]  # [n, n] view
     new[np.arange(p), np.arange(p)] = 0.0
-    new[p:, p:] = np.where(np.tri(t, dtype=bool), np.float32(0.0), kv.NEG_INF)
+    new[p:, p:] = np.where(np.tri(t, dtype=bool), np.float32(0.0), np.float32(floor))
     return mask
 
 
@@ -42,7 +43,7 @@ class FixedEagle3Drafter(Eagle3Drafting):
     """DrafterBackend over an eagle3 bundle's fixed-length step and fc graphs (length -> Predictor each)."""
 
     def __init__(self, steps: dict[int, Predictor], fcs: dict[int, Predictor], target: FixedBackend,
-                 draft: kv.KVLayout):
+                 draft: kv.KVLayout, mask_floor: float = kv.NEG_INF):
         if not target.aux_width:
             raise BundleError(f"the target functions return no {kv.AUX_HIDDEN}, which an eagle3 drafter reads",
                               "re-export the bundle with this edge-spec (edge-spec export --drafter EAGLE3_FOLDER)")
@@ -51,7 +52,7 @@ class FixedEagle3Drafter(Eagle3Drafting):
                               "re-export the bundle with this edge-spec")
         super().__init__(target, draft.max_context)  # slots: max_context + 1 = the graphs' S_draft
         self.steps, self.fcs, self.lengths = steps, fcs, sorted(steps)
-        self.name, self.slots = target.feature, draft.max_context
+        self.name, self.slots, self.mask_floor = target.feature, draft.max_context, mask_floor
         self.k = [np.zeros((1, c.num_kv_heads, self.slots, c.head_dim), np.float32) for c in draft.caches]
         self.v = [np.zeros_like(k) for k in self.k]
         self.layers = [c.layer for c in draft.caches]
@@ -93,7 +94,7 @@ class FixedEagle3Drafter(Eagle3Drafting):
                  name(kv.HIDDEN): np.concatenate([np.repeat(hidden[:, :1], p, axis=1), hidden], axis=1),
                  name(kv.POSITION_IDS): np.concatenate([np.full(p, s + 1), np.arange(s + 1, s + 1 + t)])[None]
                  .astype(np.int32),
-                 name(kv.DRAFT_MASK): front_pad_mask(s, t, n, self.slots)}
+                 name(kv.DRAFT_MASK): front_pad_mask(s, t, n, self.slots, self.mask_floor)}
         for i, layer in enumerate(self.layers):
             k_name, v_name = kv.draft_cache_names(layer)
             feeds[name(k_name)], feeds[name(v_name)] = self.k[i], self.v[i]

@@ -8,6 +8,8 @@ Providers (`--provider`):
     files run on its NPU (docs/android-qnn.md).
   * `cpu`: the QDQ models (`qnn/<graph>.qdq.onnx`) on onnxruntime's CPU provider: the numerical reference of the
     quantized graphs, and a way to run the bundle where the QNN wheel is missing.
+An eagle3 drafter (exporters/qnn.py): its step and fc graphs at each of the target's lengths, run by
+runtimes/fixed_eagle3.py over its own cache (held here) beside the backend, which hands it every pass's aux states.
 Either way, a pass from position 0 runs that one row through `qnn/target_sink.onnx` on the CPU provider (the
 shortest target graph with float activations and the same 8-bit weights, exporters/qnn.float_twin; the row is padded
 like any pass) and the rest of the pass on the
@@ -25,7 +27,9 @@ import numpy as np
 
 from edge_spec.runtimes import qnn_htp
 from edge_spec.errors import BundleError, ConfigError
+from edge_spec.contract.manifest import EAGLE3, EAGLE3_FC_GRAPH
 from edge_spec.runtimes.fixed import FixedBackend, FixedDrafter, Predictor, fixed_shapes
+from edge_spec.runtimes.fixed_eagle3 import FixedEagle3Drafter
 from edge_spec.contract import kv
 from edge_spec.contract.kv import KVLayout
 
@@ -69,7 +73,7 @@ def open_session(path: Path, provider: str, soc: qnn_htp.Soc, threads: int | Non
     return session
 
 
-def table_sink(folder: Path, entry: dict, layout: KVLayout, vocab_size: int, hidden_size: int
+def table_sink(folder: Path, entry: dict, layout: KVLayout, vocab_size: int, hidden_size: int, aux_width: int = 0
                ) -> tuple[Predictor, frozenset[int]]:
     """Position 0 from `qnn/position0.bin` (`qnn_htp.position0_file`: rows precomputed at export for a few first
     tokens): a predictor returning what the host sink would for a pass of one of those tokens at position 0, and the
@@ -78,7 +82,7 @@ def table_sink(folder: Path, entry: dict, layout: KVLayout, vocab_size: int, hid
     path = folder / entry["file"]
     if not path.is_file():
         raise BundleError(f"{path} is missing from the bundle", _FIX)
-    per = qnn_htp.position0_floats(layout, vocab_size, hidden_size)
+    per = qnn_htp.position0_floats(layout, vocab_size, hidden_size, aux_width)
     data = np.fromfile(path, dtype="<f4")
     if data.size != per * len(tokens):
         raise BundleError(f"{path} holds {data.size} floats; {len(tokens)} tokens of this bundle's shapes need "
@@ -89,6 +93,8 @@ def table_sink(folder: Path, entry: dict, layout: KVLayout, vocab_size: int, hid
     sizes = [vocab_size, hidden_size] + [c.num_kv_heads * c.head_dim for c in layout.caches for _ in range(2)]
     shapes = [(1, 1, vocab_size), (1, 1, hidden_size)] + \
         [(1, c.num_kv_heads, 1, c.head_dim) for c in layout.caches for _ in range(2)]
+    if aux_width:  # an eagle3 bundle's target: its aux states last
+        names, sizes, shapes = names + [kv.AUX_HIDDEN], sizes + [aux_width], shapes + [(1, 1, aux_width)]
     offsets = np.cumsum([0] + sizes)
 
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -119,18 +125,28 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     where = f"HTP {soc.name} (v{soc.htp_arch}), {qnn_htp.versions()}" if provider == "qnn" else "CPU provider"
     import onnxruntime as ort
 
+    aux = kv.aux_size(entry.io)  # an eagle3 bundle's target returns its aux states
     sink, tokens, how = None, None, ""
     if info.get("host_sink"):  # position 0 on the host CPU, float activations (bundles since 2026-12-02)
         sink, how = _predictor(open_session(folder / info["host_sink"], "cpu", soc, threads)), ", position 0 on the CPU"
     elif info.get("position0"):  # position 0 precomputed for some first tokens (--qnn-position0 table)
-        sink, tokens = table_sink(folder, info["position0"], layout, manifest.vocab_size, manifest.hidden_size)
+        sink, tokens = table_sink(folder, info["position0"], layout, manifest.vocab_size, manifest.hidden_size, aux)
         how = f", position 0 precomputed for tokens {sorted(tokens)}"
     identity = f"qnn {info['quant']} QDQ on {where}{how}, onnxruntime {ort.__version__}, threads {threads or 'default'}"
     backend = FixedBackend({t: _predictor(s) for t, s in sessions.items()}, layout, slots, identity, name="qnn",
                            mask_floor=float(info["mask_floor"]), fix="re-export with --max-pass", placed=True,
-                           sink=sink, sink_tokens=tokens)
+                           sink=sink, sink_tokens=tokens, aux_width=aux)
     if manifest.drafter is None:
         return backend, None
+    if manifest.drafter.kind == EAGLE3:  # its step and fc graphs at each length, over its own cache (fixed_eagle3)
+        graphs = {}
+        for g in ("drafter", EAGLE3_FC_GRAPH):
+            named = {int(t): n for t, n in (manifest.graphs[g].fixed or {}).get("lengths", {}).items()}
+            if not named:
+                raise BundleError(f"{folder}: the eagle3 drafter's {g!r} entry lists no fixed lengths", _FIX)
+            graphs[g] = {t: _predictor(open_session(folder / file(n), provider, soc, threads)) for t, n in named.items()}
+        return backend, FixedEagle3Drafter(graphs["drafter"], graphs[EAGLE3_FC_GRAPH], backend,
+                                           manifest.drafter.draft_layout, mask_floor=float(info["mask_floor"]))
     method = manifest.graphs["drafter"].method
     drafter = _predictor(open_session(folder / file(method), provider, soc, threads))
     sources = {kind: int(layer) for kind, layer in manifest.drafter.kv_sharing.items()}

@@ -51,6 +51,14 @@ def target_graph(t: int) -> str:
     return f"target_{t}"
 
 
+def eagle3_step_graph(t: int) -> str:  # an eagle3 drafter's step graph at T = t (exporters/static.Eagle3StepFunction)
+    return f"{DRAFTER_GRAPH}_{t}"
+
+
+def eagle3_fc_graph(t: int) -> str:  # ... and its fc graph (Eagle3FcFunction)
+    return f"{DRAFTER_GRAPH}_fc_{t}"
+
+
 def qdq_file(graph: str) -> str:
     return f"{QNN_DIR}/{graph}.qdq.onnx"
 
@@ -70,14 +78,15 @@ def weights_file() -> str:  # the QDQ graphs' and the sink's initializers, each 
 def position0_file() -> str:
     """Position 0's rows precomputed for a few first tokens (`--qnn-position0 table`): per token of the manifest's
     `fixed.qnn.position0.tokens`, in that order, float32 little-endian: logits [V], hidden [H], then per cache of the
-    layout (its order) the new key row [H_kv, D] and value row [H_kv, D] - what the host sink would return for a pass
-    of that one token at position 0 (`position0_floats`). The C++ runner reads the same layout (qnn_backend.cpp)."""
+    layout (its order) the new key row [H_kv, D] and value row [H_kv, D], then (an eagle3 bundle's target) its aux
+    states [n * H] - what the host sink would return for a pass of that one token at position 0 (`position0_floats`).
+    The C++ runner reads the same layout (qnn_backend.cpp; it runs no eagle3 QNN bundle)."""
     return f"{QNN_DIR}/position0.bin"
 
 
-def position0_floats(layout, vocab_size: int, hidden_size: int) -> int:
-    """Floats per token of `position0_file`."""
-    return vocab_size + hidden_size + sum(2 * c.num_kv_heads * c.head_dim for c in layout.caches)
+def position0_floats(layout, vocab_size: int, hidden_size: int, aux_width: int = 0) -> int:
+    """Floats per token of `position0_file` (`aux_width`: the target's aux states, an eagle3 bundle's)."""
+    return vocab_size + hidden_size + sum(2 * c.num_kv_heads * c.head_dim for c in layout.caches) + aux_width
 
 
 def get_soc(name: str) -> Soc:

@@ -133,10 +133,12 @@ def test_another_speculators_algorithm_is_refused_by_name(tiny_llama, tmp_path):
         load(str(tiny_llama[0]), drafter=str(folder))
 
 
-def test_export_writes_an_eagle3_drafter_into_an_onnx_bundle(tiny_llama, eagle3_folder, tmp_path, capsys):
+@pytest.mark.parametrize("fmt", [["--format", "onnx", "--exporter", "torchscript"],
+                                 ["--format", "qnn", "--max-draft-len", "2", "--max-pass", "6"]])
+def test_export_writes_an_eagle3_drafter_into_a_bundle(tiny_llama, eagle3_folder, tmp_path, capsys, fmt):
     out = tmp_path / "bundle"
-    code = main(["export", "--model", str(tiny_llama[0]), "--drafter", str(eagle3_folder), "--format", "onnx",
-                 "--exporter", "torchscript", "--max-context", "64", "--out", str(out)])
+    code = main(["export", "--model", str(tiny_llama[0]), "--drafter", str(eagle3_folder), *fmt,
+                 "--max-context", "64", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     assert json.loads((out / "manifest.json").read_text())["drafter"]["kind"] == "eagle3"
     capsys.readouterr()
@@ -147,23 +149,16 @@ def test_export_writes_an_eagle3_drafter_into_an_onnx_bundle(tiny_llama, eagle3_
     assert capsys.readouterr().out == plain
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "mlp_speculator"])
-def test_export_with_a_speculators_drafter_is_refused(tiny_llama, eagle3_folder, tmp_path, capsys, kind):
-    """eagle3 in the formats that do not take it yet (qnn), and Speculators' other algorithms anywhere."""
-    drafter = eagle3_folder
-    if kind != "eagle3":
-        drafter = tmp_path / "mlp"
-        drafter.mkdir()
-        (drafter / "config.json").write_text(json.dumps({"speculators_model_type": kind}))
+def test_export_with_another_speculators_algorithm_is_refused(tiny_llama, tmp_path, capsys):
+    """Speculators' other algorithms, in any format (every shipped format takes eagle3 since 2026-12-07)."""
+    drafter = tmp_path / "mlp"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"speculators_model_type": "mlp_speculator"}))
     out = tmp_path / "bundle"
-    fmt = ["--format", "qnn"] if kind == "eagle3" else []
-    code = main(["export", "--model", str(tiny_llama[0]), "--drafter", str(drafter), "--out", str(out), *fmt])
+    code = main(["export", "--model", str(tiny_llama[0]), "--drafter", str(drafter), "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "error:" in err and "fix:" in err and "Traceback" not in err
-    if kind == "eagle3":
-        assert "qnn" in err and "onnx, executorch, coreml" in err
-    else:
-        assert "'mlp_speculator'" in err
+    assert "'mlp_speculator'" in err
     assert not out.exists()
 
 

@@ -290,8 +290,13 @@ def test_quantized_bundles_store_no_float_vocabulary_table(target, tmp_path, pre
 
 
 def test_other_formats_refuse_an_eagle3_drafter(target, tmp_path):
-    with pytest.raises(ConfigError, match="onnx, executorch, coreml bundles only so far"):
-        export_bundle(target, tmp_path / "b", format="qnn", drafter=drafter_for(target), max_context=64)
+    """Every shipped format exports eagle3 drafters since 2026-12-07 (QNN last); a registered format outside
+    EAGLE3_FORMATS (the toy format of tests/test_toy_format.py) is refused by name, before any work."""
+    from edge_spec.contract import formats
+    from tests.test_toy_format import ROW
+
+    with formats.registered(ROW), pytest.raises(ConfigError, match="onnx, executorch, coreml, qnn bundles only so far"):
+        export_bundle(target, tmp_path / "b", format=ROW.name, drafter=drafter_for(target), max_context=64)
     assert not (tmp_path / "b").exists()
 
 

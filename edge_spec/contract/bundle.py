@@ -106,7 +106,7 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
         if fmt.name not in EAGLE3_FORMATS:
             raise ConfigError(f"EAGLE-3 drafters export to {', '.join(EAGLE3_FORMATS)} bundles only so far, not "
                               f"{fmt.name} (issue 48)",
-                              "export with --format onnx, executorch or coreml, with an MTP drafter (--drafter "
+                              "export with --format onnx, executorch, coreml or qnn, with an MTP drafter (--drafter "
                               "builtin:mtp for a built-in model), or without a drafter")
         sources = {}
     else:

@@ -109,9 +109,9 @@ class ModelEntry:
 
 
 MTP, EAGLE3 = "mtp", "eagle3"  # drafter kinds: reads the target's caches | reads its aux states, owns a cache
-EAGLE3_FORMATS = ("onnx", "executorch", "coreml")  # formats whose exporter and runtime build eagle3 drafters (issue 48)
+EAGLE3_FORMATS = ("onnx", "executorch", "coreml", "qnn")  # formats whose exporter and runtime build eagle3 drafters (issue 48)
 # ... and whose native runner (runtimes/native: the phone apps) runs them too (its manifest.cpp verify_eagle3)
-NATIVE_EAGLE3_FORMATS = ("onnx", "executorch")
+NATIVE_EAGLE3_FORMATS = ("onnx", "executorch", "qnn")
 EAGLE3_FC_GRAPH = "drafter_fc"  # an eagle3 bundle's fc graph (kv.eagle3_fc_io) beside its "drafter" graph
 
 
@@ -337,7 +337,7 @@ def _verify_eagle3(m: Manifest, path: Path) -> None:
     if m.format not in EAGLE3_FORMATS:
         raise BundleError(f"{path}: an eagle3 drafter in a {m.format} bundle; edge-spec runs eagle3 drafters in "
                           f"{', '.join(EAGLE3_FORMATS)} bundles only so far",
-                          "re-export with --format onnx, executorch or coreml")
+                          "re-export with --format onnx, executorch, coreml or qnn")
     if d.kv_sharing or not d.draft_kv or not 0 < d.draft_vocab_size <= m.vocab_size:
         raise BundleError(f"{path}: the eagle3 drafter entry needs draft_kv, draft_vocab_size in [1, {m.vocab_size}] "
                           f"and no kv_sharing", _REEXPORT)

@@ -33,7 +33,7 @@ from torch import nn
 from edge_spec.errors import ConfigError
 from edge_spec.model.attention import attend
 from edge_spec.model.config import ModelConfig
-from edge_spec.model.rope import apply_rope, rope_cos_sin
+from edge_spec.model.rope import Rope, apply_rope, rope_cos_sin
 from edge_spec.model.transformer import MLP, RMSNorm
 
 NEG = -1e30  # a masked score: finite, as the KV contract's masks (edge_spec/contract/kv.py NEG_INF)
@@ -129,11 +129,12 @@ class Eagle3Attention(nn.Module):
             self.k_norm = RMSNorm(d, c.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(self, x, rope, mask, k_cache, v_cache, store=None):
+    def forward(self, x, rope, mask, k_cache, v_cache, store=None, attention=attend):
         """x: [1, T, in]; rope: cos, sin [1, T, 1, D]; mask: [1, 1, T, S + T]; caches [1, H_kv, S, D]
         -> (out [1, T, H], new k, new v [1, H_kv, T, D]). `store` (a program that owns the cache, the `state`
         binding): (new k, new v) -> the cache [1, H_kv, S, D] after it wrote them into their slots, which the mask
-        hides among its first S columns (the new rows are its last T either way)."""
+        hides among its first S columns (the new rows are its last T either way). `attention`: `attend`, or
+        `attend_concat` (4-D ops only: what the HTP compiles, exporters/qnn.py)."""
         b, t = x.shape[:2]
         d = self.head_dim
         q = self.q_proj(x).view(b, t, -1, d)  # [1, T, H, D]
@@ -146,7 +147,7 @@ class Eagle3Attention(nn.Module):
         v = v.transpose(1, 2)
         if store is not None:
             k_cache, v_cache = store(k, v)
-        out = attend(q, (k_cache, k), (v_cache, v), mask, self.scale)  # [1, T, H * D]
+        out = attention(q, (k_cache, k), (v_cache, v), mask, self.scale)  # [1, T, H * D]
         return self.o_proj(out), k, v
 
 
@@ -166,7 +167,7 @@ class Eagle3Layer(nn.Module):
         if first:
             self.hidden_norm = RMSNorm(h, c.rms_norm_eps)
 
-    def forward(self, x, embeds, rope, mask, k_cache, v_cache, store=None):
+    def forward(self, x, embeds, rope, mask, k_cache, v_cache, store=None, attention=attend):
         """x: [1, T, H] (the hidden); embeds: [1, T, H] (layer 0 only, else None) -> (x [1, T, H], new k, new v)."""
         if self.first:
             normed = self.hidden_norm(x)
@@ -174,7 +175,7 @@ class Eagle3Layer(nn.Module):
             h = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [1, T, 2H]
         else:
             residual, h = x, self.input_layernorm(x)
-        a, k, v = self.self_attn(h, rope, mask, k_cache, v_cache, store)
+        a, k, v = self.self_attn(h, rope, mask, k_cache, v_cache, store, attention)
         x = residual + a
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
@@ -214,18 +215,21 @@ class Eagle3Drafter(nn.Module):
         return self.fc(aux)
 
     def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                k_caches: list, v_caches: list, embeds: torch.Tensor | None = None, store=None) -> Eagle3Output:
+                k_caches: list, v_caches: list, embeds: torch.Tensor | None = None, store=None, rope: Rope | None = None,
+                attention=attend) -> Eagle3Output:
         """hidden: [1, T, H] (`fuse` of the aux states, or the previous draft row's `hidden`); input_ids,
         position_ids: [1, T] (target-vocabulary ids); mask: [1, 1, T, S + T] additive; k_caches[i], v_caches[i]:
         [1, H_kv, S, D] per layer; embeds: the tokens' embeddings [1, T, H] when the caller gathers them (from the
         target's table, which equals embed_tokens), else embed_tokens(input_ids); store: (layer, new k, new v) -> that
-        layer's cache after writing them (Eagle3Attention.forward; k_caches / v_caches are then unused)."""
+        layer's cache after writing them (Eagle3Attention.forward; k_caches / v_caches are then unused); rope: cos,
+        sin [1, T, 1, D] when the caller reads them from tables (else computed from position_ids); attention: as
+        Eagle3Attention.forward."""
         embeds = self.embed_tokens(input_ids) if embeds is None else embeds  # [1, T, H]
-        rope = rope_cos_sin(position_ids, self.inv_freq)  # cos, sin [1, T, 1, D]
+        rope = rope_cos_sin(position_ids, self.inv_freq) if rope is None else rope  # cos, sin [1, T, 1, D]
         x, new_k, new_v = hidden, [], []
         for i, layer in enumerate(self.layers):
             layer_store = None if store is None else functools.partial(store, i)
-            x, k, v = layer(x, embeds if i == 0 else None, rope, mask, k_caches[i], v_caches[i], layer_store)
+            x, k, v = layer(x, embeds if i == 0 else None, rope, mask, k_caches[i], v_caches[i], layer_store, attention)
             new_k.append(k)
             new_v.append(v)
         normed = self.norm(x)

@@ -100,6 +100,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--bundle", default=None,
                     help="evaluate an exported bundle's target + drafter with onnxruntime instead (much faster on CPU)")
     ev.add_argument("--no-spin", action="store_true", help="with --bundle: idle onnxruntime threads sleep (shared cores)")
+    ev.add_argument("--provider", default=None,
+                    help="with --bundle: the execution provider, as `generate --provider` takes it for the bundle's "
+                         "format (a qnn bundle: cpu runs its QDQ graphs, much faster than the simulated HTP here)")
     ev.add_argument("--lookup", action="store_true",
                     help="hybrid drafting: retrieval first, the drafter when nothing matches (default: the drafter alone)")
     ev.add_argument("--datastore", action="store_true",
@@ -232,8 +235,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from edge_spec.train.evaluate import DEFAULT_PROMPTS, evaluate, read_prompts
 
     prompts = read_prompts(Path(args.prompts) if args.prompts else DEFAULT_PROMPTS)
+    if args.provider and not args.bundle:
+        raise ConfigError("--provider picks a bundle runtime's execution provider", "add --bundle B, or drop --provider")
     if args.bundle:
-        engine = load(bundle=args.bundle, threads=args.threads, spin=not args.no_spin)
+        engine = load(bundle=args.bundle, threads=args.threads, spin=not args.no_spin,
+                      **({"provider": args.provider} if args.provider else {}))
         if engine.drafter is None:
             raise ConfigError(f"bundle {args.bundle} has no drafter", "export it with --drafter builtin (or PATH)")
     else:

@@ -205,17 +205,18 @@ void check_aux(const Manifest& m, const GraphIO& target, const std::string& path
   }
 }
 
-// manifest.py _verify_eagle3: a format whose native backend runs it (onnx, executorch), no kv_sharing, its own cache
+// manifest.py _verify_eagle3: a format whose native backend runs it (onnx, executorch, qnn), no kv_sharing, its own cache
 // layout (`io`, or `state` beside a `state` target) of kind DRAFT_KIND with more slots than max_context, and its two
 // graphs' IO.
 void verify_eagle3(const Manifest& m, const std::string& path) {
   const DrafterEntry& d = *m.drafter;
-  if (m.format != contract::FORMAT_ONNX && m.format != contract::FORMAT_EXECUTORCH)
-    throw bundle_error(path + ": an eagle3 drafter in a " + m.format + " bundle; edge-spec runs eagle3 drafters in " +
-                           contract::FORMAT_ONNX + ", " + contract::FORMAT_EXECUTORCH +
-                           " bundles only so far (the native runner too)",
-                       std::string("re-export with --format ") + contract::FORMAT_ONNX + " or " +
-                           contract::FORMAT_EXECUTORCH + ", or with an MTP drafter (--drafter builtin:mtp)");
+  if (m.format != contract::FORMAT_ONNX && m.format != contract::FORMAT_EXECUTORCH && m.format != contract::FORMAT_QNN)
+    throw bundle_error(path + ": an eagle3 drafter in a " + m.format + " bundle; the native runner runs eagle3 drafters "
+                           "in " + contract::FORMAT_ONNX + ", " + contract::FORMAT_EXECUTORCH + " and " +
+                           contract::FORMAT_QNN + " bundles only so far",
+                       std::string("re-export with --format ") + contract::FORMAT_ONNX + ", " +
+                           contract::FORMAT_EXECUTORCH + " or " + contract::FORMAT_QNN +
+                           ", or with an MTP drafter (--drafter builtin:mtp)");
   if (!d.kv_sharing.empty() || !m.raw.at("drafter").get("draft_kv").is_object() || d.draft_vocab_size <= 0 ||
       d.draft_vocab_size > m.vocab_size)
     throw bundle_error(path + ": the eagle3 drafter entry needs draft_kv, draft_vocab_size in [1, " +

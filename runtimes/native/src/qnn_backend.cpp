@@ -15,6 +15,7 @@
 
 #include "contract_names.h"
 #include "errors.h"
+#include "fixed_eagle3.h"
 #include "ort_common.h"
 #include "qnn_ep.h"
 #include "qnn_fixed.h"
@@ -32,10 +33,11 @@ using qnn::FixedShapes;
 using qnn::Graph;
 const std::string RUN_FIX = "check the bundle with `edge-spec check --bundle B`; " + std::string(FIX);
 
-// One pass's real rows: logits [t, V], hidden [t, H], per cached layer the new keys and values [H_kv, t, D].
+// One pass's real rows: logits [t, V], hidden [t, H], per cached layer the new keys and values [H_kv, t, D]; an
+// eagle3 bundle's target: its aux states [t, aux_width].
 struct Rows {
   int t = 0;
-  std::vector<float> logits, hidden;
+  std::vector<float> logits, hidden, aux;
   std::vector<std::vector<float>> k, v;
 };
 
@@ -44,7 +46,8 @@ class QnnBackend : public Backend {
  public:
   QnnBackend(std::shared_ptr<Ort::Env> env, std::map<int, Graph> graphs, std::unique_ptr<Graph> sink,
              const Manifest& m, FixedShapes fixed, std::string identity, std::map<int64_t, Rows> table)
-      : shapes(std::move(fixed)), env_(std::move(env)), graphs_(std::move(graphs)), sink_(std::move(sink)),
+      : shapes(std::move(fixed)), aux_width(aux_size(m.graphs.at("target").io)), env_(std::move(env)),
+        graphs_(std::move(graphs)), sink_(std::move(sink)),
         table_(std::move(table)), layout_(m.layout), vocab_(m.vocab_size), hidden_(m.hidden_size),
         identity_(std::move(identity)) {
     for (const auto& c : layout_.caches) {
@@ -66,6 +69,7 @@ class QnnBackend : public Backend {
     const int t = int(ids.size());
     pending_ = n_cached == 0 && sink_takes(ids[0]) ? first_pass(ids, positions, masks)
                                                    : run(graph_for(t), ids, positions, masks);
+    if (aux_width && aux_record) aux_record->record(ids.data(), positions.data(), pending_.aux.data(), t);
     const int first = last_only ? t - 1 : 0;
     StepOutput out;
     out.rows = t - first;
@@ -94,6 +98,10 @@ class QnnBackend : public Backend {
   void reset() override { pending_ = Rows(); }  // stale rows stay in the caches; KVState's masks hide them
 
   const FixedShapes shapes;
+  // An eagle3 bundle's target also returns AUX_HIDDEN [1, T, aux_width] (0: it does not); after each pass its rows
+  // go to `aux_record` (set by the eagle3 drafter, which owns it: fixed_eagle3.h), with the pass's ids and positions.
+  const int aux_width;
+  AuxRecord* aux_record = nullptr;
   std::vector<std::vector<float>> k, v;  // per cached layer [1, H_kv, S_f, D]
   Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
 
@@ -152,6 +160,10 @@ class QnnBackend : public Backend {
     hiddens_.resize(size_t(n) * hidden_);
     out.emplace(LOGITS, ort::tensor(cpu, logits_.data(), {1, n, vocab_}));    // [1, n, V]
     out.emplace(HIDDEN, ort::tensor(cpu, hiddens_.data(), {1, n, hidden_}));  // [1, n, H]
+    if (aux_width) {
+      aux_.resize(size_t(n) * size_t(aux_width));
+      out.emplace(AUX_HIDDEN, ort::tensor(cpu, aux_.data(), {1, n, int64_t(aux_width)}));  // [1, n, n_aux * H]
+    }
     k_new_.resize(layout_.caches.size());
     v_new_.resize(layout_.caches.size());
     for (size_t i = 0; i < layout_.caches.size(); ++i) {
@@ -172,6 +184,7 @@ class QnnBackend : public Backend {
     r.t = t;
     r.logits.assign(logits_.begin(), logits_.begin() + size_t(t) * vocab_);
     r.hidden.assign(hiddens_.begin(), hiddens_.begin() + size_t(t) * hidden_);
+    if (aux_width) r.aux.assign(aux_.begin(), aux_.begin() + ptrdiff_t(size_t(t) * size_t(aux_width)));
     for (size_t i = 0; i < layout_.caches.size(); ++i) {
       const size_t h = size_t(layout_.caches[i].num_kv_heads), d = size_t(layout_.caches[i].head_dim);
       r.k.emplace_back(h * t * d);
@@ -225,6 +238,8 @@ class QnnBackend : public Backend {
     all.logits.insert(all.logits.end(), more.logits.begin(), more.logits.end());
     all.hidden = head.hidden;
     all.hidden.insert(all.hidden.end(), more.hidden.begin(), more.hidden.end());
+    all.aux = head.aux;
+    all.aux.insert(all.aux.end(), more.aux.begin(), more.aux.end());
     for (size_t i = 0; i < layout_.caches.size(); ++i) {
       const size_t h = size_t(layout_.caches[i].num_kv_heads), d = size_t(layout_.caches[i].head_dim);
       all.k.push_back(join_rows(head.k[i], more.k[i], h, t - 1, d));
@@ -278,7 +293,7 @@ class QnnBackend : public Backend {
   std::string identity_;
   std::vector<int32_t> ids_, pos_;  // [1, n]
   std::map<std::string, KindFeeds> feeds_;
-  std::vector<float> logits_, hiddens_;
+  std::vector<float> logits_, hiddens_, aux_;
   std::vector<std::vector<float>> k_new_, v_new_;  // per cached layer [1, H_kv, n, D]
   Rows pending_;                                   // the last forward's real rows (t = 0: none)
 };
@@ -359,7 +374,8 @@ std::map<int64_t, Rows> read_position0(const std::string& folder, const FixedSha
   std::map<int64_t, Rows> table;
   if (shapes.position0.empty()) return table;
   const std::string path = join_path(folder, shapes.position0);
-  size_t per = size_t(m.vocab_size) + size_t(m.hidden_size);
+  const size_t aux_width = size_t(aux_size(m.graphs.at("target").io));  // an eagle3 bundle's: its aux states last
+  size_t per = size_t(m.vocab_size) + size_t(m.hidden_size) + aux_width;
   for (const auto& c : m.layout.caches) per += 2 * size_t(c.num_kv_heads) * size_t(c.head_dim);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw bundle_error(path + " is missing from the bundle", FIX);
@@ -372,7 +388,7 @@ std::map<int64_t, Rows> read_position0(const std::string& folder, const FixedSha
   std::vector<float> row(per);  // float32 little-endian (every platform the runner builds for)
   for (int64_t token : shapes.position0_tokens) {
     in.read(reinterpret_cast<char*>(row.data()), std::streamsize(per * sizeof(float)));
-    Rows r;  // one row: logits [V], hidden [H], per cache k [H_kv, 1, D], v [H_kv, 1, D]
+    Rows r;  // one row: logits [V], hidden [H], per cache k [H_kv, 1, D], v [H_kv, 1, D], then aux [n_aux * H]
     r.t = 1;
     const float* p = row.data();
     r.logits.assign(p, p + m.vocab_size);
@@ -386,9 +402,84 @@ std::map<int64_t, Rows> read_position0(const std::string& folder, const FixedSha
       r.v.emplace_back(p, p + n);
       p += n;
     }
+    r.aux.assign(p, p + aux_width);
     table[token] = std::move(r);
   }
   return table;
+}
+
+// ---- an eagle3 drafter: its step and fc graphs at each length (runtimes/qnn.py open_bundle; fixed_eagle3.h) --------
+// graph entry -> length -> graph name (the manifest's graphs.<entry>.fixed.lengths)
+std::map<int, std::string> eagle3_lengths(const Manifest& m, const std::string& entry, const std::string& where) {
+  std::map<int, std::string> out;
+  try {
+    const Json& fixed = m.raw.at("graphs").at(entry).get("fixed");
+    if (fixed.is_object() && fixed.has("lengths"))
+      for (const auto& e : fixed.at("lengths").as_object()) out[std::stoi(e.first)] = e.second.as_string();
+  } catch (const std::exception& err) {
+    throw bundle_error(where + ": graphs." + entry + ".fixed is malformed (" + err.what() + ")", FIX);
+  }
+  if (out.empty()) throw bundle_error(where + ": the eagle3 drafter's '" + entry + "' entry lists no fixed lengths", FIX);
+  return out;
+}
+
+std::unique_ptr<DrafterBackend> open_eagle3(const qnn::Opener& o, const std::string& suffix, QnnBackend& target,
+                                            const Manifest& m) {
+  const std::string where = join_path(o.folder, MANIFEST_FILE);
+  const KVLayout& draft = *m.drafter->draft_kv;
+  const int64_t h = m.hidden_size, vd = m.drafter->draft_vocab_size, s = draft.max_context, w = target.aux_width;
+  const std::map<int, std::string> steps = eagle3_lengths(m, "drafter", where);
+  const std::map<int, std::string> fcs = eagle3_lengths(m, EAGLE3_FC_GRAPH, where);
+  if (steps.size() != fcs.size() || !std::equal(steps.begin(), steps.end(), fcs.begin(),
+                                                [](const auto& a, const auto& b) { return a.first == b.first; }))
+    throw bundle_error(where + ": the eagle3 step lengths differ from its fc lengths", FIX);
+  if (!w)
+    throw bundle_error(where + ": the target graphs return no " + std::string(AUX_HIDDEN) + ", which an eagle3 drafter "
+                       "reads", FIX);
+  // the graphs, opened once and shared by the two callables
+  auto step_graphs = std::make_shared<std::map<int, Graph>>(), fc_graphs = std::make_shared<std::map<int, Graph>>();
+  FixedEagle3Graphs graphs;
+  for (const auto& e : steps) {
+    const int n = e.first;
+    Graph g = o.open(std::string(qnn::QNN_DIR) + "/" + e.second + suffix, o.provider, n);
+    qnn::check_io(g, qnn::eagle3_step_inputs(draft, n, h), qnn::eagle3_step_outputs(draft, n, h, vd));
+    step_graphs->emplace(n, std::move(g));
+    Graph f = o.open(std::string(qnn::QNN_DIR) + "/" + fcs.at(n) + suffix, o.provider, n);
+    qnn::check_io(f, qnn::eagle3_fc_inputs(n, w), qnn::eagle3_fc_outputs(n, h));
+    fc_graphs->emplace(n, std::move(f));
+    graphs.lengths.push_back(n);
+  }
+  Ort::MemoryInfo* cpu = &target.cpu;
+  graphs.step = [step_graphs, cpu, draft, h, vd, s](Eagle3StepCall& c) {
+    Graph& g = step_graphs->at(c.n);
+    const int64_t n = c.n;
+    std::map<std::string, Ort::Value> in, out;
+    in.emplace(INPUT_IDS, ort::tensor(*cpu, const_cast<int32_t*>(c.ids), {1, n}));  // onnxruntime never writes inputs
+    in.emplace(HIDDEN, ort::tensor(*cpu, const_cast<float*>(c.hidden), {1, n, h}));
+    in.emplace(POSITION_IDS, ort::tensor(*cpu, const_cast<int32_t*>(c.positions), {1, n}));
+    in.emplace(DRAFT_MASK, ort::tensor(*cpu, const_cast<float*>(c.mask), {1, 1, n, s + n}));
+    out.emplace(DRAFT_TOKEN_IDS, ort::tensor(*cpu, c.token_ids, {vd}));  // [Vd] int32
+    out.emplace(DRAFT_LOGITS, ort::tensor(*cpu, c.logits, {vd}));
+    out.emplace(DRAFT_HIDDEN, ort::tensor(*cpu, c.out_hidden, {1, 1, h}));
+    for (size_t i = 0; i < draft.caches.size(); ++i) {
+      const CacheSpec& l = draft.caches[i];
+      const int64_t kv = l.num_kv_heads, d = l.head_dim;
+      in.emplace(draft_k_cache_name(l.layer), ort::tensor(*cpu, (*c.k)[i].data(), {1, kv, s, d}));  // [1, H_kv, S, D]
+      in.emplace(draft_v_cache_name(l.layer), ort::tensor(*cpu, (*c.v)[i].data(), {1, kv, s, d}));
+      out.emplace(draft_k_new_name(l.layer), ort::tensor(*cpu, (*c.k_new)[i].data(), {1, kv, n, d}));  // [1, H_kv, n, D]
+      out.emplace(draft_v_new_name(l.layer), ort::tensor(*cpu, (*c.v_new)[i].data(), {1, kv, n, d}));
+    }
+    ort::run(g.session, g.io.input_names, in, g.io.output_names, out, g.path, RUN_FIX);
+  };
+  graphs.fc = [fc_graphs, cpu, h, w](int n, const float* aux, float* fused) {
+    Graph& g = fc_graphs->at(n);
+    std::map<std::string, Ort::Value> in, out;
+    in.emplace(AUX_HIDDEN, ort::tensor(*cpu, const_cast<float*>(aux), {1, int64_t(n), w}));  // [1, n, n_aux * H]
+    out.emplace(FUSED_HIDDEN, ort::tensor(*cpu, fused, {1, int64_t(n), h}));               // [1, n, H]
+    ort::run(g.session, g.io.input_names, in, g.io.output_names, out, g.path, RUN_FIX);
+  };
+  return std::make_unique<FixedEagle3Drafter>(std::move(graphs), draft, m.max_context(), int(w), int(h), int(vd),
+                                              target.shapes.mask_floor, &target.aux_record);
 }
 
 // ---- opening the graphs (runtimes/qnn.py open_bundle) --------------------------------------------------------------
@@ -415,7 +506,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_graphs
   for (const auto& e : shapes.lengths) {
     Graph g = o.open(std::string(qnn::QNN_DIR) + "/" + e.second + suffix, o.provider, e.first);
     qnn::check_io(g, qnn::target_inputs(m.layout, shapes, e.first),
-                  qnn::target_outputs(m.layout, e.first, m.vocab_size, m.hidden_size));
+                  qnn::target_outputs(m.layout, e.first, m.vocab_size, m.hidden_size, aux_size(m.graphs.at("target").io)));
     graphs.emplace(e.first, std::move(g));
   }
   std::unique_ptr<Graph> sink;
@@ -423,7 +514,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_graphs
     const int n0 = shapes.lengths.begin()->first;
     sink = std::make_unique<Graph>(o.open(shapes.sink, "cpu", n0));
     qnn::check_io(*sink, qnn::target_inputs(m.layout, shapes, n0),
-                  qnn::target_outputs(m.layout, n0, m.vocab_size, m.hidden_size));
+                  qnn::target_outputs(m.layout, n0, m.vocab_size, m.hidden_size, aux_size(m.graphs.at("target").io)));
   }
   std::map<int64_t, Rows> table = read_position0(folder, shapes, m);
   std::string how = sink ? ", position 0 on the CPU" : "";
@@ -436,13 +527,16 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_graphs
                                " (native), threads " + (threads ? std::to_string(threads) : std::string("default"));
   auto backend = std::make_unique<QnnBackend>(o.env, std::move(graphs), std::move(sink), m, shapes, identity,
                                               std::move(table));
-  std::unique_ptr<QnnDrafter> drafter;
-  if (m.drafter) {
+  std::unique_ptr<DrafterBackend> drafter;
+  if (m.drafter && m.drafter->is_eagle3()) {
+    drafter = open_eagle3(o, suffix, *backend, m);
+  } else if (m.drafter) {
     const GraphEntry& d = m.graphs.at("drafter");
     Graph g = o.open(std::string(qnn::QNN_DIR) + "/" + d.method + suffix, o.provider, 1);
-    drafter = std::make_unique<QnnDrafter>(o.env, std::move(g), *backend, m);
-    qnn::check_io(drafter->graph(), qnn::drafter_inputs(m.layout, shapes, drafter->sources(), m.hidden_size),
+    auto mtp = std::make_unique<QnnDrafter>(o.env, std::move(g), *backend, m);
+    qnn::check_io(mtp->graph(), qnn::drafter_inputs(m.layout, shapes, mtp->sources(), m.hidden_size),
                   qnn::drafter_outputs(m.drafter->candidates_per_step, m.hidden_size));
+    drafter = std::move(mtp);
   }
   return {std::move(backend), std::move(drafter)};
 }

@@ -142,8 +142,9 @@ std::vector<Want> target_inputs(const KVLayout& layout, const FixedShapes& shape
   return in;
 }
 
-std::vector<Want> target_outputs(const KVLayout& layout, int n, int vocab, int hidden) {
+std::vector<Want> target_outputs(const KVLayout& layout, int n, int vocab, int hidden, int aux) {
   std::vector<Want> out = {{LOGITS, F32, {1, n, vocab}}, {HIDDEN, F32, {1, n, hidden}}};
+  if (aux) out.push_back({AUX_HIDDEN, F32, {1, n, aux}});
   for (const auto& c : layout.caches)
     for (const std::string& name : {k_new_name(c.layer), v_new_name(c.layer)})
       out.push_back({name, F32, {1, c.num_kv_heads, n, c.head_dim}});
@@ -167,6 +168,30 @@ std::vector<Want> drafter_outputs(int64_t candidates, int64_t hidden) {
   return {{DRAFT_TOKEN_IDS, I32, {candidates}}, {DRAFT_LOGITS, F32, {candidates}},
           {DRAFT_HIDDEN, F32, {1, 1, hidden}}};
 }
+
+std::vector<Want> eagle3_step_inputs(const KVLayout& draft, int n, int64_t hidden) {
+  const int64_t s = draft.max_context;
+  std::vector<Want> in = {{INPUT_IDS, I32, {1, n}}, {HIDDEN, F32, {1, n, hidden}}, {POSITION_IDS, I32, {1, n}},
+                          {DRAFT_MASK, F32, {1, 1, n, s + n}}};
+  for (const auto& c : draft.caches) {
+    in.push_back({draft_k_cache_name(c.layer), F32, {1, c.num_kv_heads, s, c.head_dim}});
+    in.push_back({draft_v_cache_name(c.layer), F32, {1, c.num_kv_heads, s, c.head_dim}});
+  }
+  return in;
+}
+
+std::vector<Want> eagle3_step_outputs(const KVLayout& draft, int n, int64_t hidden, int64_t draft_vocab) {
+  std::vector<Want> out = {{DRAFT_TOKEN_IDS, I32, {draft_vocab}}, {DRAFT_LOGITS, F32, {draft_vocab}},
+                           {DRAFT_HIDDEN, F32, {1, 1, hidden}}};
+  for (const auto& c : draft.caches) {
+    out.push_back({draft_k_new_name(c.layer), F32, {1, c.num_kv_heads, n, c.head_dim}});
+    out.push_back({draft_v_new_name(c.layer), F32, {1, c.num_kv_heads, n, c.head_dim}});
+  }
+  return out;
+}
+
+std::vector<Want> eagle3_fc_inputs(int n, int64_t aux_width) { return {{AUX_HIDDEN, F32, {1, n, aux_width}}}; }
+std::vector<Want> eagle3_fc_outputs(int n, int64_t hidden) { return {{FUSED_HIDDEN, F32, {1, n, hidden}}}; }
 
 // ---- the placed form's feeds ----------------------------------------------------------------------------------
 void slot_feeds(const Mask& m, const std::vector<int64_t>& positions, int n, int s, int s_f, bool ring, float floor,

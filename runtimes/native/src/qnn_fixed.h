@@ -76,12 +76,20 @@ std::string provider_of(const std::string& given);
 
 // What a target graph of length n takes and gives under `shapes` (runtimes/fixed.py FixedBackend.feeds, exporters/qnn.py).
 std::vector<Want> target_inputs(const KVLayout& layout, const FixedShapes& shapes, int n);
-std::vector<Want> target_outputs(const KVLayout& layout, int n, int vocab, int hidden);
+// aux: an eagle3 bundle's AUX_HIDDEN width (0: none).
+std::vector<Want> target_outputs(const KVLayout& layout, int n, int vocab, int hidden, int aux = 0);
 
 // What the drafter step graph takes and gives (kv.drafter_io without tables, ids int32); sources: kind -> cache index.
 std::vector<Want> drafter_inputs(const KVLayout& layout, const FixedShapes& shapes,
                                  const std::vector<std::pair<std::string, size_t>>& sources, int64_t hidden);
 std::vector<Want> drafter_outputs(int64_t candidates, int64_t hidden);
+
+// What an eagle3 drafter's step graph of length n takes and gives (kv.eagle3_drafter_io, ids int32) over its own cache
+// layout `draft` (S = draft.max_context slots), and its fc graph (kv.eagle3_fc_io): exporters/qnn.py _eagle3_graphs.
+std::vector<Want> eagle3_step_inputs(const KVLayout& draft, int n, int64_t hidden);
+std::vector<Want> eagle3_step_outputs(const KVLayout& draft, int n, int64_t hidden, int64_t draft_vocab);
+std::vector<Want> eagle3_fc_inputs(int n, int64_t aux_width);
+std::vector<Want> eagle3_fc_outputs(int n, int64_t hidden);
 
 // runtimes/fixed.py slot_feeds: the contract's mask of one kind [t, s + t] (t = positions.size()) as the graph's slot
 // mask [n, s_f] (slot j of real row r: the new row's column where this pass writes slot j, else the cache column;
