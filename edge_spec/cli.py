@@ -207,6 +207,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from edge_spec.api import (datastore_by_default, default_drafter, drafter_family, load_export_drafter,
                                 resolve_drafter)
+    from edge_spec.contract.manifest import NATIVE_EAGLE3_FORMATS
     from edge_spec.contract.atomic import check_out
     from edge_spec.contract.bundle import export_bundle
     from edge_spec.contract.formats import check_binding, check_options, check_precision, exporter, get_format
@@ -243,7 +244,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         drafter_folder = resolve_drafter(choice, args.model, fmt=args.format) if choice else None
         if choice == "builtin" and drafter_folder != resolve_drafter(choice, args.model):
             tqdm.write(f"export: the native runner (the phone apps) runs no EAGLE-3 drafter in {args.format} bundles "
-                       f"yet (ONNX, ExecuTorch and QNN ones only): shipping {args.model}'s built-in "
+                       f"(it runs them in {', '.join(NATIVE_EAGLE3_FORMATS)} ones): shipping {args.model}'s built-in "
                        f"{drafter_family(drafter_folder)} drafter (--drafter builtin:eagle3 where the Python runtime "
                        "is enough)", file=sys.stderr)
         target = load_checkpoint(args.model)

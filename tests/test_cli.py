@@ -189,10 +189,10 @@ def test_utf8_prompt_from_stdin_is_read_as_text(folder, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("model", ["gemma3-270m", "smollm2-135m"])
-@pytest.mark.parametrize("fmt, family", [("onnx", "eagle3"), ("executorch", "eagle3"), ("qnn", "eagle3"), ("coreml", "mtp")])
+@pytest.mark.parametrize("fmt, family", [("onnx", "eagle3"), ("executorch", "eagle3"), ("qnn", "eagle3"), ("coreml", "eagle3")])
 def test_export_names_the_builtin_drafter_a_format_gets(model, fmt, family, tmp_path, monkeypatch, capsys):
-    """Both built-in models' default drafter is EAGLE-3; a format one of whose runtimes runs none (Core ML's native
-    runner) exports the MTP drafter and says so. The checkpoint load is stopped: only the choice is under test."""
+    """Both built-in models' default drafter is EAGLE-3, in every shipped format since 2026-12-07 (a format one of
+    whose runtimes ran none exported the MTP drafter and said so: tests/test_drafter_table.py keeps that rule). The checkpoint load is stopped: only the choice is under test."""
     import edge_spec.api as api
     from edge_spec.errors import ConfigError
     from edge_spec.loading import checkpoints

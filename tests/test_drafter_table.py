@@ -266,7 +266,7 @@ def test_the_shipped_gemma3_drafters_are_under_the_commit_budget_and_builtin_pic
     """edge_spec/assets/drafters/gemma3-270m (docs/drafter.md): the EAGLE-3 drafter, the default since it drafts
     better (tau 3.09 vs 2.83); gemma3-270m-mtp: the MTP drafter, the Gemma-4 E2B assistant's shape, its table derived
     from the target (only P is stored). Both stay under 25 MB. `builtin` resolves to the default, except for a format
-    some runtime of which runs no EAGLE-3 drafter (Core ML's native runner), which gets the MTP one;
+    some runtime of which runs no EAGLE-3 drafter (none of the shipped ones since 2026-12-07), which gets the MTP one;
     `builtin:FAMILY` names one."""
     from edge_spec.api import BUILTIN_DRAFTERS, builtin_drafters, default_drafter, resolve_drafter
     from edge_spec.errors import CheckpointError
@@ -289,9 +289,9 @@ def test_the_shipped_gemma3_drafters_are_under_the_commit_budget_and_builtin_pic
 
     assert default_drafter("gemma3-270m") == "builtin"
     assert resolve_drafter("builtin", "gemma3-270m") == shipped["eagle3"]
-    for fmt in ("onnx", "executorch", "qnn"):  # every runtime of these formats runs it, the native runner too
+    for fmt in ("onnx", "executorch", "qnn", "coreml"):  # every runtime of these formats runs it, the native runner too
         assert resolve_drafter("builtin", "gemma3-270m", fmt=fmt) == shipped["eagle3"]
-    assert resolve_drafter("builtin", "gemma3-270m", fmt="coreml") == shipped["mtp"]  # the iOS runner runs none
+    assert resolve_drafter("builtin", "gemma3-270m", fmt="toy") == shipped["mtp"]  # a format outside the list
     assert resolve_drafter("builtin:eagle3", "gemma3-270m", fmt="coreml") == shipped["eagle3"]
     assert resolve_drafter("builtin:mtp", "gemma3-270m", fmt="onnx") == shipped["mtp"]
     with pytest.raises(CheckpointError, match="no built-in drafter"):
@@ -334,7 +334,7 @@ def test_quantized_bundle_stores_the_derived_table_quantized_and_stays_exact(tar
 def test_the_shipped_smollm2_drafters_and_builtin_per_format():
     """edge_spec/assets/drafters/smollm2-135m (docs/drafter.md): the EAGLE-3 drafter (chunk 3), the default since
     2026-12-07, as it drafts better than the MTP v4 on every measure taken (QNN's 16a8w graphs too, docs/android-qnn.md);
-    smollm2-135m-mtp: the MTP v4 drafter, what Core ML bundles get. Both under 25 MB."""
+    smollm2-135m-mtp: the MTP v4 drafter (`builtin:mtp`). Both under 25 MB."""
     from edge_spec.api import BUILTIN_DRAFTERS, builtin_drafters, default_drafter, resolve_drafter
     from edge_spec.loading.speculators_eagle3 import read_eagle3_config
     from edge_spec.model.drafter_sizes import BUDGET_BYTES
@@ -350,7 +350,7 @@ def test_the_shipped_smollm2_drafters_and_builtin_per_format():
     assert mtp.cfg.vocab_size == 49_152 and mtp.cfg.num_centroids > 0
 
     assert default_drafter("smollm2-135m") == "builtin"
-    for fmt in (None, "onnx", "executorch", "qnn"):
+    for fmt in (None, "onnx", "executorch", "qnn", "coreml"):
         assert resolve_drafter("builtin", "smollm2-135m", fmt=fmt) == shipped["eagle3"]
-    assert resolve_drafter("builtin", "smollm2-135m", fmt="coreml") == shipped["mtp"]
+    assert resolve_drafter("builtin", "smollm2-135m", fmt="toy") == shipped["mtp"]  # a format outside the list
     assert resolve_drafter("builtin:mtp", "smollm2-135m", fmt="onnx") == shipped["mtp"]

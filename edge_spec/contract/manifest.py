@@ -111,7 +111,7 @@ class ModelEntry:
 MTP, EAGLE3 = "mtp", "eagle3"  # drafter kinds: reads the target's caches | reads its aux states, owns a cache
 EAGLE3_FORMATS = ("onnx", "executorch", "coreml", "qnn")  # formats whose exporter and runtime build eagle3 drafters (issue 48)
 # ... and whose native runner (runtimes/native: the phone apps) runs them too (its manifest.cpp verify_eagle3)
-NATIVE_EAGLE3_FORMATS = ("onnx", "executorch", "qnn")
+NATIVE_EAGLE3_FORMATS = ("onnx", "executorch", "qnn", "coreml")  # Core ML: the backend built for Apple platforms only
 EAGLE3_FC_GRAPH = "drafter_fc"  # an eagle3 bundle's fc graph (kv.eagle3_fc_io) beside its "drafter" graph
 
 

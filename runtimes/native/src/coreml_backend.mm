@@ -1,6 +1,7 @@
 // coreml_backend.mm - see coreml_backend.h. Read top to bottom: the features each function takes (from the manifest:
 // its graph IO at the function's fixed length), the target backend (runtimes/fixed.py FixedBackend: padded passes,
-// the `io` caches held here), the drafter (FixedDrafter), open_coreml (runtimes/coreml.py open_bundle). The
+// the `io` caches held here), the drafter (FixedDrafter; an eagle3 drafter: fixed_eagle3.h over its step and fc
+// functions, as runtimes/coreml.py runs runtimes/fixed_eagle3.py), open_coreml (runtimes/coreml.py open_bundle). The
 // padding, masks and commit bookkeeping are fixed.cpp's; the MLModel calls coreml_model.mm's.
 //
 // Objective-C++ with ARC, compiled only with ES_HAVE_COREML (CMakeLists.txt on APPLE; the iOS app's project.yml).
@@ -17,6 +18,7 @@
 #include "contract_names.h"
 #include "coreml_model.h"
 #include "fixed.h"
+#include "fixed_eagle3.h"
 
 namespace es {
 
@@ -69,12 +71,29 @@ std::pair<std::vector<Feature>, std::vector<Feature>> target_features(const Mani
   return {in, out};
 }
 
-std::pair<std::vector<Feature>, std::vector<Feature>> drafter_features(const Manifest& m, const FixedShapes& s) {
-  const GraphIO& io = m.graphs.at("drafter").io;
+// The drafter function (graph entry `graph`: "drafter", or an eagle3 drafter's EAGLE3_FC_GRAPH) at length t.
+std::pair<std::vector<Feature>, std::vector<Feature>> drafter_features(const Manifest& m, const std::string& graph,
+                                                                       int t, const std::map<std::string, int>& slots) {
+  const GraphIO& io = m.graphs.at(graph).io;
   std::vector<Feature> in, out;
-  for (const auto& spec : io.inputs) in.push_back(coreml::feature(spec.name, fixed_dims(spec, 1, s.slots)));
-  for (const auto& spec : io.outputs) out.push_back(coreml::feature(spec.name, fixed_dims(spec, 1, s.slots)));
+  for (const auto& spec : io.inputs) in.push_back(coreml::feature(spec.name, fixed_dims(spec, t, slots)));
+  for (const auto& spec : io.outputs) out.push_back(coreml::feature(spec.name, fixed_dims(spec, t, slots)));
   return {in, out};
+}
+
+// An eagle3 drafter's entry `graph` ("drafter" or EAGLE3_FC_GRAPH): length -> function name (its fixed.lengths).
+std::map<int, std::string> eagle3_lengths(const Manifest& m, const std::string& graph, const std::string& where) {
+  std::map<int, std::string> out;
+  try {
+    const Json& fixed = m.raw.at("graphs").at(graph).get("fixed");
+    if (fixed.is_object() && fixed.has("lengths"))
+      for (const auto& e : fixed.at("lengths").as_object()) out[std::stoi(e.first)] = e.second.as_string();
+  } catch (const std::exception& err) {
+    throw bundle_error(where + ": graphs." + graph + ".fixed is malformed (" + err.what() + ")", coreml::FIX);
+  }
+  if (out.empty())
+    throw bundle_error(where + ": the eagle3 drafter's '" + graph + "' entry lists no fixed lengths", coreml::FIX);
+  return out;
 }
 
 // `state` binding: the states every function declares (exporters/coreml.py state_names) -> [1, H_kv, S_f, D].
@@ -89,7 +108,8 @@ std::map<std::string, Dims> state_shapes(const KVLayout& layout, const FixedShap
 struct API_AVAILABLE(macos(15.0), ios(18.0)) Program {
   FixedShapes shapes;
   std::map<int, Function> targets;  // pass length -> its function
-  Function drafter;                 // model nil: the bundle has none
+  Function drafter;                 // model nil: the bundle has none (or an eagle3 one)
+  std::map<int, Function> eagle3_steps, eagle3_fcs;  // an eagle3 drafter's functions by length
   MLState* state = nil;             // `state` binding: one state for every function
 };
 
@@ -99,7 +119,7 @@ class API_AVAILABLE(macos(15.0), ios(18.0)) CoreMLBackend : public Backend {
   CoreMLBackend(std::shared_ptr<Program> program, const Manifest& m, std::string identity)
       : program_(std::move(program)), layout_(m.layout), vocab_(m.vocab_size), hidden_(m.hidden_size),
         identity_(std::move(identity)), state_(m.binding == BINDING_STATE), caches(m.layout, program_->shapes.slots),
-        new_k_(m.layout.caches.size()), new_v_(m.layout.caches.size()) {}
+        aux_width(aux_size(m.graphs.at("target").io)), new_k_(m.layout.caches.size()), new_v_(m.layout.caches.size()) {}
 
   const KVLayout& layout() const override { return layout_; }
   int vocab_size() const override { return vocab_; }
@@ -132,6 +152,10 @@ class API_AVAILABLE(macos(15.0), ios(18.0)) CoreMLBackend : public Backend {
       r.hidden.resize(size_t(r.rows) * size_t(hidden_));
       f.read(out, LOGITS, {{0, 1}, {first, t}, {0, vocab_}}, r.logits.data());   // [1, T, V] -> [rows, V]
       f.read(out, HIDDEN, {{0, 1}, {first, t}, {0, hidden_}}, r.hidden.data());  // [1, T, H] -> [rows, H]
+      if (aux_width) {  // an eagle3 bundle's AUX_HIDDEN [1, T, n_aux * H]: every real row, for the drafter's record
+        aux_.resize(size_t(t) * size_t(aux_width));
+        f.read(out, AUX_HIDDEN, {{0, 1}, {0, t}, {0, aux_width}}, aux_.data());
+      }
       for (size_t i = 0; !state_ && i < layout_.caches.size(); ++i) {  // [1, H_kv, T, D] -> the real rows [H_kv, t, D]
         const CacheSpec& c = layout_.caches[i];
         const std::string layer = std::to_string(c.layer);
@@ -144,6 +168,7 @@ class API_AVAILABLE(macos(15.0), ios(18.0)) CoreMLBackend : public Backend {
       return r;
     });
     pending_ = t;
+    if (aux_width && aux_record) aux_record->record(ids.data(), positions.data(), aux_.data(), t);
     return result;
   }
 
@@ -161,8 +186,13 @@ class API_AVAILABLE(macos(15.0), ios(18.0)) CoreMLBackend : public Backend {
   std::string identity_;
   bool state_;
   FixedCaches caches;  // `io` binding: [1, H_kv, S_f, D] float32 per cached layer (unused for `state`)
+  // An eagle3 bundle's target functions also return AUX_HIDDEN [1, T, aux_width] (0: they do not); after each pass
+  // its rows go to `aux_record` (set by the eagle3 drafter, which owns it: fixed_eagle3.h).
+  const int aux_width;
+  AuxRecord* aux_record = nullptr;
 
  private:
+  std::vector<float> aux_;                         // the last forward's aux rows [t, aux_width]
   FixedPass pass_;                                 // the feeds of the last forward (they back its input arrays)
   std::vector<std::vector<float>> new_k_, new_v_;  // per cached layer, its real new rows [H_kv, t, D]
   int pending_ = 0;                                // t of the last forward
@@ -226,6 +256,58 @@ class API_AVAILABLE(macos(15.0), ios(18.0)) CoreMLDrafter : public DrafterBacken
   std::vector<float> hidden_;
 };
 
+// ---- an eagle3 drafter: its step and fc functions run by fixed_eagle3.h (runtimes/coreml.py + fixed_eagle3.py) -----
+API_AVAILABLE(macos(15.0), ios(18.0))
+std::unique_ptr<DrafterBackend> eagle3_drafter(std::shared_ptr<Program> program, CoreMLBackend& target,
+                                               const Manifest& m) {
+  const KVLayout& draft = *m.drafter->draft_kv;
+  const int64_t h = m.hidden_size, vd = m.drafter->draft_vocab_size, s = draft.max_context, w = target.aux_width;
+  FixedEagle3Graphs graphs;
+  for (const auto& e : program->eagle3_steps) graphs.lengths.push_back(e.first);
+  graphs.step = [program, draft, h, vd, s](Eagle3StepCall& c) {
+    const Function& f = program->eagle3_steps.at(c.n);
+    const int64_t n = c.n;
+    Feeds feeds = {{INPUT_IDS, {c.ids, DType::I32, {1, n}}},              // [1, T] int32
+                   {HIDDEN, {c.hidden, DType::F32, {1, n, h}}},          // [1, T, H]
+                   {POSITION_IDS, {c.positions, DType::I32, {1, n}}},    // [1, T] int32
+                   {DRAFT_MASK, {c.mask, DType::F32, {1, 1, n, s + n}}}};  // [1, 1, T, S + T]
+    for (size_t i = 0; i < draft.caches.size(); ++i) {  // its own caches [1, H_kv, S, D], held by the drafter
+      const CacheSpec& l = draft.caches[i];
+      const Dims shape = {1, l.num_kv_heads, s, l.head_dim};
+      feeds[draft_k_cache_name(l.layer)] = {(*c.k)[i].data(), DType::F32, shape};
+      feeds[draft_v_cache_name(l.layer)] = {(*c.v)[i].data(), DType::F32, shape};
+    }
+    pooled([&] {
+      double unused = 0.0;  // FixedEagle3Drafter times the call
+      id<MLFeatureProvider> out = f.run(feeds, nil, &unused);
+      std::vector<int64_t> ids(static_cast<size_t>(vd));
+      f.read(out, DRAFT_TOKEN_IDS, {{0, vd}}, ids.data());  // [Vd] int32 -> int64 (target ids)
+      for (int64_t j = 0; j < vd; ++j) c.token_ids[j] = int32_t(ids[size_t(j)]);
+      f.read(out, DRAFT_LOGITS, {{0, vd}}, c.logits);                      // [Vd]
+      f.read(out, DRAFT_HIDDEN, {{0, 1}, {0, 1}, {0, h}}, c.out_hidden);  // [1, 1, H]
+      for (size_t i = 0; i < draft.caches.size(); ++i) {  // [1, H_kv, T, D]
+        const CacheSpec& l = draft.caches[i];
+        const Box rows = {{0, 1}, {0, l.num_kv_heads}, {0, n}, {0, l.head_dim}};
+        f.read(out, draft_k_new_name(l.layer), rows, (*c.k_new)[i].data());
+        f.read(out, draft_v_new_name(l.layer), rows, (*c.v_new)[i].data());
+      }
+      return 0;
+    });
+  };
+  graphs.fc = [program, h, w](int n, const float* aux, float* fused) {
+    const Function& f = program->eagle3_fcs.at(n);
+    Feeds feeds = {{AUX_HIDDEN, {aux, DType::F32, {1, n, w}}}};  // [1, T, n_aux * H] (the stream as the target returns it)
+    pooled([&] {
+      double unused = 0.0;
+      id<MLFeatureProvider> out = f.run(feeds, nil, &unused);
+      f.read(out, FUSED_HIDDEN, {{0, 1}, {0, n}, {0, h}}, fused);  // [1, T, H]
+      return 0;
+    });
+  };
+  return std::make_unique<FixedEagle3Drafter>(std::move(graphs), draft, m.max_context(), int(w), int(h), int(vd),
+                                              NEG_INF, &target.aux_record);
+}
+
 // ---- open ------------------------------------------------------------------------------------------------------
 void check_state_lists(const Manifest& m, const FixedShapes& s, const std::string& where) {
   std::string want, have;
@@ -272,8 +354,26 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_packag
                                                              features.first, features.second);
     }
   }
-  if (m.drafter) {
-    auto features = drafter_features(m, program->shapes);
+  const bool eagle3 = m.drafter && m.drafter->is_eagle3();
+  if (eagle3) {  // its step and fc functions at the target's lengths (`io` binding: its cache is function IO)
+    if (state)
+      throw bundle_error(where + ": an eagle3 drafter beside the `state` binding (the exporter writes none)", coreml::FIX);
+    const std::map<std::string, int> slots = {{DRAFT_KIND, m.drafter->draft_kv->max_context}};
+    const std::map<int, std::string> steps = eagle3_lengths(m, "drafter", where);
+    const std::map<int, std::string> fcs = eagle3_lengths(m, EAGLE3_FC_GRAPH, where);
+    for (const auto& e : steps) {
+      if (!fcs.count(e.first))
+        throw bundle_error(where + ": the eagle3 step lengths differ from its fc lengths", coreml::FIX);
+      auto step = drafter_features(m, "drafter", e.first, slots);
+      program->eagle3_steps[e.first] = coreml::load_function(compiled, package, e.second, cu, step.first, step.second);
+      auto fc = drafter_features(m, EAGLE3_FC_GRAPH, e.first, slots);
+      program->eagle3_fcs[e.first] = coreml::load_function(compiled, package, fcs.at(e.first), cu, fc.first,
+                                                           fc.second);
+    }
+    if (steps.size() != fcs.size())
+      throw bundle_error(where + ": the eagle3 step lengths differ from its fc lengths", coreml::FIX);
+  } else if (m.drafter) {
+    auto features = drafter_features(m, "drafter", 1, program->shapes.slots);
     program->drafter = coreml::load_function(compiled, package, m.graphs.at("drafter").method, cu, features.first,
                                              features.second);
   }
@@ -287,7 +387,11 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_packag
                                (units.empty() ? std::string("all") : units) + ", " + m.binding + " binding";
   auto backend = std::make_unique<CoreMLBackend>(program, m, identity);
   std::unique_ptr<DrafterBackend> drafter;
-  if (m.drafter) drafter = std::make_unique<CoreMLDrafter>(program, *backend, m);
+  if (eagle3) {
+    drafter = eagle3_drafter(program, *backend, m);
+  } else if (m.drafter) {
+    drafter = std::make_unique<CoreMLDrafter>(program, *backend, m);
+  }
   return {std::move(backend), std::move(drafter)};
 }
 

@@ -205,17 +205,18 @@ void check_aux(const Manifest& m, const GraphIO& target, const std::string& path
   }
 }
 
-// manifest.py _verify_eagle3: a format whose native backend runs it (onnx, executorch, qnn), no kv_sharing, its own cache
+// manifest.py _verify_eagle3: a format whose native backend runs it (every shipped one: onnx, executorch, qnn, coreml;
+// the Core ML backend is built for Apple platforms only), no kv_sharing, its own cache
 // layout (`io`, or `state` beside a `state` target) of kind DRAFT_KIND with more slots than max_context, and its two
 // graphs' IO.
 void verify_eagle3(const Manifest& m, const std::string& path) {
   const DrafterEntry& d = *m.drafter;
-  if (m.format != contract::FORMAT_ONNX && m.format != contract::FORMAT_EXECUTORCH && m.format != contract::FORMAT_QNN)
+  if (m.format != contract::FORMAT_ONNX && m.format != contract::FORMAT_EXECUTORCH && m.format != contract::FORMAT_QNN &&
+      m.format != contract::FORMAT_COREML)
     throw bundle_error(path + ": an eagle3 drafter in a " + m.format + " bundle; the native runner runs eagle3 drafters "
-                           "in " + contract::FORMAT_ONNX + ", " + contract::FORMAT_EXECUTORCH + " and " +
-                           contract::FORMAT_QNN + " bundles only so far",
-                       std::string("re-export with --format ") + contract::FORMAT_ONNX + ", " +
-                           contract::FORMAT_EXECUTORCH + " or " + contract::FORMAT_QNN +
+                           "in " + contract::FORMAT_ONNX + ", " + contract::FORMAT_EXECUTORCH + ", " +
+                           contract::FORMAT_QNN + " and " + contract::FORMAT_COREML + " bundles",
+                       std::string("re-export with --format ") + contract::FORMAT_ONNX +
                            ", or with an MTP drafter (--drafter builtin:mtp)");
   if (!d.kv_sharing.empty() || !m.raw.at("drafter").get("draft_kv").is_object() || d.draft_vocab_size <= 0 ||
       d.draft_vocab_size > m.vocab_size)
