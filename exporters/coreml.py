@@ -16,13 +16,15 @@ Functions of `coreml/program.mlpackage` (coremltools `save_multifunction`, ident
   * with an EAGLE-3 drafter (edge_spec/model/eagle3.py) instead: every `target_{T}` also returns aux_hidden
     [1, T, n * H]; `drafter_{T}` (the step: its own cache as function IO, draft_mask [1, 1, T, S_draft + T], the last
     row's candidates out; a shorter step is padded at the front) and `drafter_fc_{T}` (aux -> fused, fp32 compute)
-    for each T of the target (exporters/static.py Eagle3StepFunction / Eagle3FcFunction; `io` binding only).
+    for each T of the target (exporters/static.py Eagle3StepFunction / Eagle3FcFunction). Its cache is function IO
+    under either binding: beside a `state` target its functions declare no states (the target's MLState serves the
+    target's functions only; manifest: the draft layout stays `io`, Format.eagle3_state False).
 Feature names are the contract's (edge_spec.contract.kv) with "." spelled "_" (`kv.feature_name`); ids are int32.
 
 `--kv state` (the contract's `state` binding, iOS 18 / macOS 15 MLState; what the GPU runs well): the caches are
 states k_cache_{l} / v_cache_{l} [1, H_kv, S_f, D] fp16 (Core ML's only state type), S_f = edge_spec.runtimes.fixed.state_slots
 (the layout's slots + a spare one for pad rows, rounded up to 32), declared identically by every function, so one
-`make_state()` serves the target's functions and the drafter, which reads the target's state in place:
+`make_state()` serves the target's functions and the (MTP) drafter, which reads the target's state in place:
   * `target_{T}`: (input_ids, position_ids, mask_{kind} [1, 1, T, S_f] slot form, write_slots_{kind} [T] int32)
     -> (logits, hidden): scatters all T rows into their slots (pad rows into the spare slot), then attends over the
     slots (edge_spec.exporters.static.StateTargetFunction);
@@ -213,9 +215,6 @@ def _write(job: bundle.ExportJob) -> tuple[dict, dict]:
     lengths = pass_lengths(job.max_draft_len, layout.max_pass)
     state = layout.binding == kv.BINDING_STATE
     eagle3 = bool(job.aux_layers)
-    if eagle3 and state:
-        raise ConfigError("an EAGLE-3 drafter's own cache is function IO in Core ML packages; --kv state keeps caches "
-                          "as MLState, which its step functions do not declare yet", "export with --kv io (the default)")
     slots = state_slots(layout) if state else function_slots(layout, lengths)
     work = job.tmp / "functions"
     work.mkdir()
@@ -271,7 +270,7 @@ def _functions(job: bundle.ExportJob, lengths: tuple[int, ...], slots: dict[str,
     for t in lengths:
         job.step(f"converting the target at T = {t} ({job.precision}, {layout.binding} binding{note})")
         if state:
-            module = static.StateTargetFunction(stream, layout, slots)
+            module = static.StateTargetFunction(stream, layout, slots, job.aux_layers)
             args = static.state_target_args(layout, slots, t)
         else:
             module, args = static.TargetFunction(stream, layout, job.aux_layers), static.target_args(layout, slots, t)
@@ -307,14 +306,17 @@ def _eagle3_functions(job: bundle.ExportJob, lengths: tuple[int, ...], scale: in
     for t in lengths:
         ml = convert(static.Eagle3StepFunction(drafter).eval(), static.eagle3_step_args(drafter, draft, t), step_in,
                      step_out, job.precision, eagle3_step_function(t))
+        _check_states(ml, draft, eagle3_step_function(t))  # none, beside a `state` target too: its cache is IO
         yield eagle3_step_function(t), _save(ml, work / f"{eagle3_step_function(t)}.mlpackage")
         ml = convert(static.Eagle3FcFunction(drafter, scale).eval(), (torch.zeros(1, t, width),), fc_in, fc_out,
                      job.precision, eagle3_fc_function(t), fp32_compute=True)
+        _check_states(ml, draft, eagle3_fc_function(t))
         yield eagle3_fc_function(t), _save(ml, work / f"{eagle3_fc_function(t)}.mlpackage")
 
 
 def _check_states(mlmodel, layout: kv.KVLayout, what: str) -> None:
-    """Every function of a `state` package must declare the same states (one MLState serves them all)."""
+    """Every function of a `state` package must declare the same states (one MLState serves them all); an EAGLE-3
+    drafter's functions (`layout`: its own, `io`) declare none."""
     want = state_names(layout) if layout.binding == kv.BINDING_STATE else []
     got = [s.name for s in mlmodel.get_spec().description.state]
     if sorted(got) != sorted(want):

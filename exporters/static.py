@@ -178,11 +178,13 @@ class StateCaches(nn.Module):
 
 
 class StateTargetFunction(StateCaches):
-    """(input_ids, position_ids, *slot masks, *write slots) -> (logits, hidden) over the module's own caches."""
+    """(input_ids, position_ids, *slot masks, *write slots) -> (logits, hidden, [aux]) over the module's own caches
+    (`aux_layers`: as TargetFunction's)."""
 
-    def __init__(self, model: Transformer, layout: kv.KVLayout, slots: dict[str, int]):
+    def __init__(self, model: Transformer, layout: kv.KVLayout, slots: dict[str, int],
+                 aux_layers: tuple[int, ...] = ()):
         super().__init__(layout, slots)
-        self.model, self.kinds = model, layout.kinds()
+        self.model, self.kinds, self.aux_layers = model, layout.kinds(), tuple(aux_layers)
 
     def forward(self, input_ids, position_ids, *rest):
         n = len(self.kinds)
@@ -199,8 +201,9 @@ class StateTargetFunction(StateCaches):
                 grouped[key] = group_mask(masks[kind], key[1])
             return attend_slots(q, kc, None, None, vc, *grouped[key], scale)  # [1, T, H * D]
 
-        out = self.model(input_ids.long(), position_ids.long(), masks, [], [], form=State(attend), ops=SPELLED_GELU)
-        return out.logits, out.hidden
+        out = self.model(input_ids.long(), position_ids.long(), masks, [], [], form=State(attend), ops=SPELLED_GELU,
+                         aux_layers=self.aux_layers)
+        return (out.logits, out.hidden, out.aux) if self.aux_layers else (out.logits, out.hidden)
 
 
 class StateDrafterFunction(StateCaches):

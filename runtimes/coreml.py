@@ -2,7 +2,8 @@
 `io` binding: this runtime holds the caches ([1, H_kv, S_kind, D] float32 per cached layer, S_kind the functions'
 fixed slots), passes them to every call and writes the committed rows itself (edge_spec.runtimes.fixed, shared with QNN).
 `state` binding: one state (MLState: `make_state()` of the first function) is passed to every function's prediction,
-the target's and the drafter's; the functions write their rows themselves and `commit` only accepts.
+the target's and the (MTP) drafter's; the functions write their rows themselves and `commit` only accepts. An eagle3
+drafter's functions take no state: its own cache stays function IO (runtimes/fixed_eagle3.py holds it).
 
 An eagle3 drafter (exporters/coreml.py): its step and fc functions at each length, run by
 runtimes/fixed_eagle3.py beside the backend, which hands it every pass's aux states.
@@ -37,7 +38,9 @@ COMPUTE_UNITS = {"all": "ALL", "cpu_and_ne": "CPU_AND_NE", "cpu_and_gpu": "CPU_A
 DEFAULT_COMPUTE_UNITS = "all"
 _FIX = "re-export the bundle: edge-spec export --format coreml --out DIR"
 
-def _mac_predictors(package: Path, names: list[str], compute_units: str, state: bool) -> dict[str, Predictor]:
+def _mac_predictors(package: Path, names: list[str], compute_units: str, stateful: set[str]) -> dict[str, Predictor]:
+    """Predictors of the functions `names`; those in `stateful` share one MLState (the `state` binding's target
+    functions and MTP drafter; an eagle3 drafter's functions declare none)."""
     if platform.system() != "Darwin":
         raise ConfigError(
             "Core ML prediction needs macOS 15+ (or iOS 18+): this machine runs " + platform.system(),
@@ -51,7 +54,7 @@ def _mac_predictors(package: Path, names: list[str], compute_units: str, state: 
             model = ct.models.MLModel(str(package), compute_units=units, function_name=name)
         except Exception as err:
             raise BundleError(f"{package}: Core ML cannot load function {name!r} ({str(err).strip()[:200]})", _FIX) from err
-        if state:  # one MLState for every function (identical state names and shapes: the exporter checks it)
+        if name in stateful:  # one MLState for them all (identical state names and shapes: the exporter checks it)
             shared = shared if shared is not None else model.make_state()
             out[name] = lambda feeds, model=model: model.predict(feeds, state=shared)
         else:
@@ -59,17 +62,18 @@ def _mac_predictors(package: Path, names: list[str], compute_units: str, state: 
     return out
 
 
-def _executor_predictors(package: Path, names: list[str], state: bool) -> dict[str, Predictor]:
+def _executor_predictors(package: Path, names: list[str], stateful: set[str]) -> dict[str, Predictor]:
     from edge_spec.runtimes.coreml_mil import load_functions, make_state
 
     functions = load_functions(package)
     missing = [n for n in names if n not in functions]
     if missing:
         raise BundleError(f"{package} has no function {missing[0]!r} (it has {', '.join(sorted(functions))})", _FIX)
-    if not state:
+    if not stateful:
         return {n: functions[n] for n in names}
-    shared = make_state(functions[n] for n in names)
-    return {n: (lambda feeds, fn=functions[n]: fn(feeds, state=shared)) for n in names}
+    shared = make_state(functions[n] for n in names if n in stateful)
+    return {n: (lambda feeds, fn=functions[n]: fn(feeds, state=shared)) if n in stateful else functions[n]
+            for n in names}
 
 
 def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None = None, spin: bool = True,
@@ -92,13 +96,15 @@ def open_bundle(folder: Path, manifest, layout: KVLayout, *, threads: int | None
     names += [manifest.graphs["drafter"].method] if manifest.drafter and not eagle3 else []
     package = folder / entry.file
     state = layout.binding == kv.BINDING_STATE
+    eagle3_names = {f for g in drafters for f in lengths_of[g].values()}  # their cache is IO under either binding
+    stateful = {n for n in names if n not in eagle3_names} if state else set()
     executor = os.environ.get(EXECUTOR_ENV, "")
     if executor not in ("", "mil"):
         raise ConfigError(f"{EXECUTOR_ENV}={executor!r} is not a Core ML executor", f"unset it, or set {EXECUTOR_ENV}=mil")
     if executor == "mil":
-        predictors, identity = _executor_predictors(package, names, state), "coreml MIL reference executor (numpy)"
+        predictors, identity = _executor_predictors(package, names, stateful), "coreml MIL reference executor (numpy)"
     else:
-        predictors = _mac_predictors(package, names, units, state)
+        predictors = _mac_predictors(package, names, units, stateful)
         ct = import_coremltools()
         identity = f"coreml {ct.__version__}, {platform.mac_ver()[0]}, compute units {units}"
     identity += f", {layout.binding} binding"

@@ -46,8 +46,9 @@ def test_the_header_carries_every_contract_name_and_format():
         assert f'"{name}"' in text, name
     for name, row in formats.FORMATS.items():
         assert f'FORMAT_{name.upper()} = "{name}"' in text
-        assert ("true}," if row.native else "false},") in next(line for line in text.splitlines()
-                                                              if line.strip().startswith(f"{{FORMAT_{name.upper()},"))
+        line = next(line for line in text.splitlines() if line.strip().startswith(f"{{FORMAT_{name.upper()},"))
+        flags = [f.strip() for f in line.rsplit("}", 2)[-2].split(",")[1:]]  # constant_tables, native, eagle3_state
+        assert flags == [str(row.constant_tables).lower(), str(row.native).lower(), str(row.eagle3_state).lower()]
     assert f"TABLE_BLOCK = {kv.TABLE_BLOCK};" in text and f"SHARED_SPARE_SLOTS = {kv.SHARED_SPARE_SLOTS};" in text
 
 

@@ -22,7 +22,6 @@ from edge_spec.contract.layout import kv_layout
 from edge_spec.contract.manifest import EAGLE3, read_manifest
 from edge_spec.decoding.sampling import SamplingParams
 from edge_spec.decoding.speculative import generate_speculative
-from edge_spec.errors import ConfigError
 from edge_spec.runtimes.coreml import EXECUTOR_ENV
 from edge_spec.runtimes.fixed_eagle3 import front_pad_mask
 from edge_spec.runtimes.torch_eagle3 import eagle3_pair
@@ -33,7 +32,11 @@ from tests.test_eagle3_speculative import drafter_for
 pytest.importorskip("coremltools")
 
 MAX_PASS = 6  # lengths 1, 2, 3, 5, 6: a 10-token prompt's first draft step runs 6 rows, then 4 padded to 5
-FORMS = {"fp32": ("fp32", {"norm_before_residual": True}), "fp16": ("fp16", {"fc_norm": True, "norm_output": True})}
+# name -> (precision, drafter options, KV binding); "state": the target's caches as MLState (fp16 states), the
+# drafter's own cache still function IO
+FORMS = {"fp32": ("fp32", {"norm_before_residual": True}, "io"),
+         "fp16": ("fp16", {"fc_norm": True, "norm_output": True}, "io"),
+         "fp32-state": ("fp32", {"norm_before_residual": True}, "state")}
 
 
 @pytest.fixture(autouse=True)
@@ -44,12 +47,14 @@ def mil_executor(monkeypatch, tmp_path_factory):
 
 @pytest.fixture(scope="module", params=list(FORMS))
 def exported(request, target, tmp_path_factory):
-    """(bundle folder, the eager drafter it was exported from, precision)."""
-    precision, options = FORMS[request.param]
+    """(bundle folder, the eager drafter it was exported from, precision; "<precision>-state" for the state binding:
+    its drafts are not eager's, the fp16 states round the target's caches)."""
+    precision, options, binding = FORMS[request.param]
     drafter = drafter_for(target, seed=5, **options)
     folder = export_bundle(target, tmp_path_factory.mktemp("eagle3-coreml") / "bundle", format="coreml",
-                           drafter=drafter, precision=precision, max_context=64, max_draft_len=4, max_pass=MAX_PASS)
-    return folder, drafter, precision
+                           drafter=drafter, precision=precision, max_context=64, max_draft_len=4, max_pass=MAX_PASS,
+                           binding=binding)
+    return folder, drafter, precision if binding == "io" else f"{precision}-{binding}"
 
 
 def _prompt(seed: int, n: int = 10) -> list[int]:
@@ -105,11 +110,22 @@ def test_the_host_check_passes_and_generate_speculates(exported):
     assert_host_check_passes_and_speculates(folder, _prompt(5), 16)
 
 
-def test_the_state_binding_refuses_an_eagle3_drafter(target, tmp_path):
-    with pytest.raises(ConfigError, match="--kv io"):
-        export_bundle(target, tmp_path / "b", format="coreml", drafter=drafter_for(target), max_context=64,
-                      max_draft_len=2, max_pass=3, binding="state")
-    assert not (tmp_path / "b").exists()
+def test_beside_the_state_binding_the_drafters_cache_stays_function_io(exported):
+    """`--kv state`: the target functions declare the caches' states and return aux_hidden; the drafter's functions
+    declare none (its own cache is IO, held by the runtime), and the manifest's draft layout says `io` (Core ML's
+    Format.eagle3_state is False; ExecuTorch programs keep both)."""
+    from edge_spec.runtimes.coreml_mil import load_functions
+
+    folder, _, precision = exported
+    if not precision.endswith("-state"):
+        pytest.skip("the state binding's package")
+    m = read_manifest(folder)
+    assert m.layout.binding == kv.BINDING_STATE and m.drafter.draft_layout.binding == kv.BINDING_IO
+    functions = load_functions(folder / m.graphs["target"].file)
+    states = {name: sorted(fn.states) for name, fn in functions.items()}
+    lengths = m.graphs["target"].fixed["lengths"]
+    assert all(states[f"target_{t}"] == sorted(m.graphs["target"].fixed["states"]) for t in lengths)
+    assert all(states[f"drafter_{t}"] == [] and states[f"drafter_fc_{t}"] == [] for t in lengths)
 
 
 @pytest.mark.parametrize("fp32_compute", [True, pytest.param(False, marks=pytest.mark.xfail(

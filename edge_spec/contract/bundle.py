@@ -127,7 +127,7 @@ def export(target: LoadedModel, out: str | Path, *, fmt: Format, write: Writer, 
                 content_sha256=content_id(eagle3_config(c), drafter.state_dict()), config=eagle3_config(c),
                 target_content_sha256=target_id, candidates_per_step=c.draft_vocab_size, kind=EAGLE3,
                 aux_layers=list(aux_layers), draft_vocab_size=c.draft_vocab_size,
-                draft_kv=eagle3_layout(c, layout.max_context, layout).to_json())
+                draft_kv=eagle3_layout(c, layout.max_context, layout if fmt.eagle3_state else None).to_json())
         elif drafter is not None:
             drafter_entry = DrafterEntry(
                 name=drafter_source or "(in memory)", source=drafter_source,
@@ -170,8 +170,8 @@ def eagle3_config(cfg: Eagle3Config) -> dict:
 def eagle3_layout(cfg: Eagle3Config, max_context: int, target: kv.KVLayout | None = None) -> kv.KVLayout:
     """An eagle3 drafter's own cache: one full-attention cache per drafter layer, kind kv.DRAFT_KIND, max_context + 1
     slots (slot p - 1 holds its row at position p; rows chained after the committed ones follow). `io` binding, or
-    `state` with the target's max_pass beside a `state` target (`target`: its layout): a program whose drafter
-    method keeps the cache as its own buffers (exporters/executorch.py)."""
+    `state` with the target's max_pass beside a `state` target (`target`: its layout; pass it only for a format whose
+    programs keep the drafter's cache as their own buffers, Format.eagle3_state: exporters/executorch.py)."""
     c, slots = cfg.layers, max_context + 1
     caches = tuple(kv.CacheSpec(i, kv.DRAFT_KIND, c.kv_heads[0], c.head_dims[0], slots, None)
                    for i in range(c.num_layers))

@@ -58,6 +58,9 @@ class Format:
     # slot attention), placed (data movement + 4-D ops, no scatter), state (the program owns the caches)
     attention: str = "slots"
     native: bool = False  # runtimes/native (the C++ runner, `make native`) has a backend for its bundles
+    # beside a `state` target, an eagle3 drafter's own cache is the program's state too (ExecuTorch: its buffers);
+    # False: it stays `io`, held by the runtime (Core ML: the drafter's functions declare no states)
+    eagle3_state: bool = False
 
     @property
     def bindings(self) -> tuple[str, ...]:
@@ -87,7 +90,7 @@ FORMATS = {
     "executorch": Format(
         "executorch", ("fp32", "8da4w", "8da4w-gguf"), BINDING_STATE, "executorch", "edge_spec.exporters.executorch",
         "edge_spec.runtimes.executorch", "pip install executorch==1.5.1", about="one .pte, XNNPACK", attention="state",
-        native=True,
+        native=True, eagle3_state=True,
         precision_help="fp32, 8da4w (int8 dynamic activations x XNNPACK's symmetric int4 in groups of 32, scales fitted to "
                        "calibration prompts; 8-bit head and table) or 8da4w-gguf (a GGUF's Q4_1 codes bit for bit + a "
                        "per-block offset term; larger and slower)"),

@@ -345,10 +345,13 @@ def _verify_eagle3(m: Manifest, path: Path) -> None:
         draft = d.draft_layout
     except (KeyError, TypeError, ValueError) as err:
         raise BundleError(f"{path}: the eagle3 drafter's draft_kv is malformed ({err})", _REEXPORT) from err
-    binding = BINDING_STATE if m.layout.binding == BINDING_STATE else BINDING_IO  # a program keeps both, or neither
+    # a program keeps both caches, or neither (Format.eagle3_state); else the drafter's stays `io`
+    keeps = m.layout.binding == BINDING_STATE and FORMATS[m.format].eagle3_state
+    binding = BINDING_STATE if keeps else BINDING_IO
     if draft.binding != binding or draft.kinds() != (DRAFT_KIND,) or draft.max_context <= m.max_context:
-        raise BundleError(f"{path}: the eagle3 drafter's cache layout must be `{binding}` (as the target's), kind "
-                          f"{DRAFT_KIND!r}, with more slots than max_context {m.max_context}", _REEXPORT)
+        raise BundleError(f"{path}: the eagle3 drafter's cache layout must be `{binding}` (a {m.format} bundle's with "
+                          f"a `{m.layout.binding}` target), kind {DRAFT_KIND!r}, with more slots than max_context "
+                          f"{m.max_context}", _REEXPORT)
     for name in ("drafter", EAGLE3_FC_GRAPH):
         if name not in m.graphs:
             raise BundleError(f"{path}: the eagle3 drafter entry has no {name!r} graph", _REEXPORT)

@@ -120,6 +120,7 @@ def render() -> str:
         "  std::vector<std::string> precisions;  // Format.precisions (the first: the default)",
         "  bool constant_tables;                 // the drafter graph holds its tables itself",
         "  bool native;                          // Format.native: the registry lets the native runner run it",
+        "  bool eagle3_state;                    // Format.eagle3_state: a `state` program keeps an eagle3 drafter's cache",
         "};",
         "",
     ]
@@ -130,7 +131,8 @@ def render() -> str:
         bindings = ", ".join(quote(b) for b in row.bindings)
         precisions = ", ".join(quote(p) for p in row.precisions)
         lines.append(f"      {{FORMAT_{name.upper()}, {{{bindings}}}, {{{precisions}}}, "
-                     f"{str(row.constant_tables).lower()}, {str(row.native).lower()}}},")
+                     f"{str(row.constant_tables).lower()}, {str(row.native).lower()}, "
+                     f"{str(row.eagle3_state).lower()}}},")
     lines += ["  };", "  return rows;", "}", "", "}  // namespace contract", "}  // namespace es", ""]
     return "\n".join(lines)
 

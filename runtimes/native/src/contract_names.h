@@ -84,6 +84,7 @@ struct FormatRow {
   std::vector<std::string> precisions;  // Format.precisions (the first: the default)
   bool constant_tables;                 // the drafter graph holds its tables itself
   bool native;                          // Format.native: the registry lets the native runner run it
+  bool eagle3_state;                    // Format.eagle3_state: a `state` program keeps an eagle3 drafter's cache
 };
 
 inline constexpr const char* FORMAT_ONNX = "onnx";
@@ -93,10 +94,10 @@ inline constexpr const char* FORMAT_QNN = "qnn";
 
 inline const std::vector<FormatRow>& format_rows() {
   static const std::vector<FormatRow> rows = {
-      {FORMAT_ONNX, {"io", "shared"}, {"fp32", "fp16", "int8", "int4", "int4-gguf"}, false, true},
-      {FORMAT_EXECUTORCH, {"state"}, {"fp32", "8da4w", "8da4w-gguf"}, false, true},
-      {FORMAT_COREML, {"io", "state"}, {"fp16", "fp32", "int8", "int4", "int4-channel"}, true, false},
-      {FORMAT_QNN, {"io"}, {"16a8w", "8a8w"}, true, true},
+      {FORMAT_ONNX, {"io", "shared"}, {"fp32", "fp16", "int8", "int4", "int4-gguf"}, false, true, false},
+      {FORMAT_EXECUTORCH, {"state"}, {"fp32", "8da4w", "8da4w-gguf"}, false, true, true},
+      {FORMAT_COREML, {"io", "state"}, {"fp16", "fp32", "int8", "int4", "int4-channel"}, true, false, false},
+      {FORMAT_QNN, {"io"}, {"16a8w", "8a8w"}, true, true, false},
   };
   return rows;
 }

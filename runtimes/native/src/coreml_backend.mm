@@ -334,7 +334,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_packag
                                  coreml::FIX);
   const bool state = m.binding == BINDING_STATE;
   if (state) check_state_lists(m, program->shapes, where);
-  if (m.drafter && m.graphs.at("drafter").file != entry.file)
+  if (m.drafter && m.graphs.at("drafter").file != entry.file)  // (an eagle3 drafter's functions too: one package)
     throw bundle_error(where + ": the drafter function must live in the target's package " + entry.file +
                            " (one package, one state)",
                        coreml::FIX);
@@ -355,9 +355,7 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_packag
     }
   }
   const bool eagle3 = m.drafter && m.drafter->is_eagle3();
-  if (eagle3) {  // its step and fc functions at the target's lengths (`io` binding: its cache is function IO)
-    if (state)
-      throw bundle_error(where + ": an eagle3 drafter beside the `state` binding (the exporter writes none)", coreml::FIX);
+  if (eagle3) {  // its step and fc functions at the target's lengths (its cache is function IO under either binding)
     const std::map<std::string, int> slots = {{DRAFT_KIND, m.drafter->draft_kv->max_context}};
     const std::map<int, std::string> steps = eagle3_lengths(m, "drafter", where);
     const std::map<int, std::string> fcs = eagle3_lengths(m, EAGLE3_FC_GRAPH, where);
@@ -380,7 +378,9 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_packag
   if (state) {  // one MLState for every function (identical declarations: the exporter checks, so does this)
     const std::map<std::string, Dims> states = state_shapes(m.layout, program->shapes);
     for (const auto& t : program->targets) coreml::check_states(t.second, states);
-    if (m.drafter) coreml::check_states(program->drafter, states);
+    if (m.drafter && !eagle3) coreml::check_states(program->drafter, states);
+    for (const auto& f : program->eagle3_steps) coreml::check_states(f.second, {});  // an eagle3 drafter's: none
+    for (const auto& f : program->eagle3_fcs) coreml::check_states(f.second, {});
     program->state = [program->targets.begin()->second.model newState];
   }
   const std::string identity = "Core ML (native), " + coreml::os_version() + ", compute units " +

@@ -226,12 +226,15 @@ void verify_eagle3(const Manifest& m, const std::string& path) {
   if (!d.draft_kv) throw bundle_error(path + ": the eagle3 drafter's draft_kv is malformed", REEXPORT);
   const KVLayout& draft = *d.draft_kv;
   const std::vector<std::string> kinds = draft.kinds();
-  const std::string binding = m.layout.binding == BINDING_STATE ? BINDING_STATE : BINDING_IO;  // both, or neither
+  bool keeps = false;  // a `state` program keeps both caches (FormatRow::eagle3_state), else the drafter's stays `io`
+  for (const auto& row : contract::format_rows())
+    if (m.format == row.name) keeps = m.layout.binding == BINDING_STATE && row.eagle3_state;
+  const std::string binding = keeps ? BINDING_STATE : BINDING_IO;
   if (draft.binding != binding || kinds.size() != 1 || kinds[0] != contract::DRAFT_KIND ||
       draft.max_context <= m.max_context())
-    throw bundle_error(path + ": the eagle3 drafter's cache layout must be `" + binding + "` (as the target's), kind '" +
-                           contract::DRAFT_KIND + "', with more slots than max_context " +
-                           std::to_string(m.max_context()),
+    throw bundle_error(path + ": the eagle3 drafter's cache layout must be `" + binding + "` (a " + m.format +
+                           " bundle's with a `" + m.layout.binding + "` target), kind '" + contract::DRAFT_KIND +
+                           "', with more slots than max_context " + std::to_string(m.max_context()),
                        REEXPORT);
   for (const std::string& name : {std::string("drafter"), std::string(contract::EAGLE3_FC_GRAPH)})
     if (!m.graphs.count(name))
