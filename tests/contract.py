@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -70,14 +70,15 @@ class Row:
     reject_tokens: int = 60  # new tokens of the rejected-drafts test (gemma rows)
     damage: str = ""  # the file the damaged-bundle test damages
     unreadable: str | None = None  # regex of the runtime's refusal of that file once its checksums are re-recorded
+    drafter_kind: str = "mtp"  # "eagle3": a tiny random Speculators EAGLE-3 drafter (tests/test_eagle3_speculative.py)
 
     @property
     def id(self) -> str:
-        return f"{self.format}-{self.family}-{self.binding}"
+        return f"{self.format}-{self.family}-{self.binding}" + ("-eagle3" if self.drafter_kind == "eagle3" else "")
 
     @property
     def key(self) -> tuple:
-        return self.format, self.family, self.export.get("precision"), self.binding
+        return self.format, self.family, self.export.get("precision"), self.binding, self.drafter_kind
 
 
 def _rows() -> list[Row]:
@@ -122,6 +123,10 @@ def _rows() -> list[Row]:
                         verify=(45, ((20, 5), (30, 9), (41, 3) if family == "llama" else (12, 3))),
                         damage="qnn/target_5.ctx.onnx", unreadable=r"target_5\.ctx\.onnx: onnxruntime cannot load it"))
     rows = [r for r in rows if r.family != "qwen3" or (r.format, r.binding) in QWEN3_ROWS]
+    # an EAGLE-3 drafter in every format and binding that takes one (issue 48): the llama rows again, the drafter
+    # swapped; each in a group of its own (no per-format file reads these bundles)
+    rows += [replace(r, drafter_kind="eagle3", group=f"contract-eagle3-{r.format}") for r in rows
+             if r.family == "llama" and r.format != "toy"]
     # the toy format (tests/test_toy_format.py, registered at run time): full-attention llama, no drafter of its own
     rows.append(Row("toy", "llama", kv.BINDING_IO, "test_toy_format.py", export=dict(precision="fp32", max_context=160),
                     drafter=False, spec_tokens=16,
@@ -145,8 +150,9 @@ class BundleFactory:
             self.built[row.key] = self._export(row)
         return self.built[row.key]
 
-    def row(self, fmt: str, family: str, binding: str | None = None) -> Row:
-        return next(r for r in ROWS if (r.format, r.family) == (fmt, family) and binding in (None, r.binding))
+    def row(self, fmt: str, family: str, binding: str | None = None, drafter_kind: str = "mtp") -> Row:
+        return next(r for r in ROWS if (r.format, r.family, r.drafter_kind) == (fmt, family, drafter_kind)
+                    and binding in (None, r.binding))
 
     def get(self, fmt: str, family: str, binding: str | None = None):
         return self(self.row(fmt, family, binding))
@@ -161,7 +167,13 @@ class BundleFactory:
 
         target = checkpoints.load(str(self.checkpoints[row.family]))
         folder, drafter, source = self.tmp.mktemp(row.format), None, None
-        if row.drafter:
+        if row.drafter and row.drafter_kind == "eagle3":
+            from edge_spec.loading.speculators_eagle3 import save_eagle3
+            from tests.test_eagle3_speculative import drafter_for
+
+            drafter = drafter_for(target, seed=5, norm_before_residual=True)
+            source = str(save_eagle3(drafter, folder / "drafter", with_embedding=True))  # `--runtime torch` reads it
+        elif row.drafter:
             drafter = tiny_drafter(target.config, **DRAFTERS[row.family])
             # saved, so that the eager runtime can rebuild the bundle's pair (`--runtime torch`)
             source = str(save_drafter(drafter, folder / "drafter"))

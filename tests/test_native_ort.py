@@ -283,7 +283,7 @@ def test_eagle3_bundles_the_runner_cannot_run_are_refused(ort_native, tiny_llama
     """EAGLE-3 drafters run in every shipped format (tests/test_native_eagle3.py, tests/test_native_eagle3_qnn.py;
     Core ML on Apple builds only): an onnx eagle3 manifest relabelled coreml is refused here for the backend this
     build lacks, not for its drafter; an eagle3 bundle whose target graph does not return the aux states the drafter
-    reads is refused naming the fix."""
+    reads is refused naming the fix, and so is one whose drafter entry names another target."""
     from edge_spec.contract.bundle import export_bundle
     from tests.test_eagle3_speculative import drafter_for
 
@@ -301,6 +301,12 @@ def test_eagle3_bundles_the_runner_cannot_run_are_refused(ort_native, tiny_llama
 
     err = _refusal(ort_native, edited("coreml", lambda raw: raw.update(format="coreml", precision="fp16")))
     assert "no runtime for 'coreml' bundles" in err and "eagle3 drafter" not in err, err
+
+    def other_target(raw):  # an eagle3 drafter paired with another target (its check skipped eagle3 until 2026-12-07)
+        raw["drafter"]["target_content_sha256"] = "0" * 64
+
+    err = _refusal(ort_native, edited("other-target", other_target))
+    assert "a drafter from another target" in err and "fix: export the drafter together with its own target" in err
 
     def drop_aux(raw):
         outs = raw["graphs"]["target"]["outputs"]

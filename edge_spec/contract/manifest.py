@@ -291,13 +291,13 @@ def _verify_contract(m: Manifest, path: Path) -> None:
             raise BundleError(f"{path}: a drafter graph is listed without a drafter entry", _REEXPORT)
         return
     d = m.drafter
-    if d.kind == EAGLE3:
-        _verify_eagle3(m, path)
-        return
-    if d.target_content_sha256 != m.target.content_sha256:
+    if d.target_content_sha256 != m.target.content_sha256:  # either kind (eagle3 ones skipped it until 2026-12-07)
         raise BundleError(f"{path}: the drafter was exported for target {d.target_content_sha256[:12]}, "
                           f"this bundle's target is {m.target.content_sha256[:12]} (a drafter from another target)",
                           "export the drafter together with its own target: edge-spec export --model M --drafter D")
+    if d.kind == EAGLE3:
+        _verify_eagle3(m, path)
+        return
     cached = {c.layer: c for c in m.layout.caches}
     for kind, layer in d.kv_sharing.items():
         spec = cached.get(int(layer))

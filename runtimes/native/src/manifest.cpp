@@ -290,12 +290,12 @@ void verify_contract(const Manifest& m, const std::string& path) {
     return;
   }
   const DrafterEntry& d = *m.drafter;
-  if (d.is_eagle3()) return verify_eagle3(m, path);
-  if (d.target_content_sha256 != m.target_content_sha256)
+  if (d.target_content_sha256 != m.target_content_sha256)  // either kind (eagle3 ones skipped it until 2026-12-07)
     throw bundle_error(path + ": the drafter was exported for target " + d.target_content_sha256.substr(0, 12) +
                            ", this bundle's target is " + m.target_content_sha256.substr(0, 12) +
                            " (a drafter from another target)",
                        "export the drafter together with its own target: edge-spec export --model M --drafter D");
+  if (d.is_eagle3()) return verify_eagle3(m, path);
   for (const auto& share : d.kv_sharing) {
     const CacheSpec* spec = nullptr;
     for (const auto& c : m.layout.caches)
