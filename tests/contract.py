@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_spec.api import load_bundle
-from edge_spec.contract import kv
+from edge_spec.contract import formats, kv
 from edge_spec.contract.backend import DraftStep
 from edge_spec.contract.manifest import MANIFEST, sha256_file
 from edge_spec.model.drafter import new_drafter
@@ -44,7 +44,7 @@ SHAPES = {"llama": dict(max_context=160), "gemma": dict(max_context=96, max_pass
 # qwen3 (llama blocks + per-head q/k norms, head_dim != hidden / heads) runs every claim in one row per format and
 # KV binding that takes it, not in every binding: each row exports its bundles (QNN: its llama and gemma rows)
 QWEN3_ROWS = {("onnx", kv.BINDING_IO), ("onnx", kv.BINDING_SHARED), ("executorch", kv.BINDING_STATE),
-              ("coreml", kv.BINDING_IO)}
+              ("coreml", kv.BINDING_IO), ("qnn", kv.BINDING_IO)}
 FIXED = dict(max_draft_len=4, max_pass=9)  # fixed-shape formats: target graphs of 1, 2, 3, 5 and 9 tokens
 WINDOWS = ((58, 6), (61, 5), (40, 2), (64, 4), (26, 9))  # (start, T): verify passes across bucket edges, ring wraps
 
@@ -123,10 +123,12 @@ def _rows() -> list[Row]:
                         verify=(45, ((20, 5), (30, 9), (41, 3) if family == "llama" else (12, 3))),
                         damage="qnn/target_5.ctx.onnx", unreadable=r"target_5\.ctx\.onnx: onnxruntime cannot load it"))
     rows = [r for r in rows if r.family != "qwen3" or (r.format, r.binding) in QWEN3_ROWS]
-    # an EAGLE-3 drafter in every format and binding that takes one (issue 48): the llama rows again, the drafter
-    # swapped; each in a group of its own (no per-format file reads these bundles)
+    # an EAGLE-3 drafter in every format (issue 48): each format's default llama row again, the drafter swapped, in a
+    # group of its own (no per-format file reads these bundles). The other bindings' eagle3 bundles are their files'
+    # (tests/test_native_eagle3.py: onnx `shared`; tests/test_eagle3_coreml.py: coreml `state`)
+    defaults = {(f.name, f.binding) for f in formats.FORMATS.values()}
     rows += [replace(r, drafter_kind="eagle3", group=f"contract-eagle3-{r.format}") for r in rows
-             if r.family == "llama" and r.format != "toy"]
+             if r.family == "llama" and r.format != "toy" and (r.format, r.binding) in defaults]
     # the toy format (tests/test_toy_format.py, registered at run time): full-attention llama, no drafter of its own
     rows.append(Row("toy", "llama", kv.BINDING_IO, "test_toy_format.py", export=dict(precision="fp32", max_context=160),
                     drafter=False, spec_tokens=16,
