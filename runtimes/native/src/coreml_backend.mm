@@ -81,21 +81,6 @@ std::pair<std::vector<Feature>, std::vector<Feature>> drafter_features(const Man
   return {in, out};
 }
 
-// An eagle3 drafter's entry `graph` ("drafter" or EAGLE3_FC_GRAPH): length -> function name (its fixed.lengths).
-std::map<int, std::string> eagle3_lengths(const Manifest& m, const std::string& graph, const std::string& where) {
-  std::map<int, std::string> out;
-  try {
-    const Json& fixed = m.raw.at("graphs").at(graph).get("fixed");
-    if (fixed.is_object() && fixed.has("lengths"))
-      for (const auto& e : fixed.at("lengths").as_object()) out[std::stoi(e.first)] = e.second.as_string();
-  } catch (const std::exception& err) {
-    throw bundle_error(where + ": graphs." + graph + ".fixed is malformed (" + err.what() + ")", coreml::FIX);
-  }
-  if (out.empty())
-    throw bundle_error(where + ": the eagle3 drafter's '" + graph + "' entry lists no fixed lengths", coreml::FIX);
-  return out;
-}
-
 // `state` binding: the states every function declares (exporters/coreml.py state_names) -> [1, H_kv, S_f, D].
 std::map<std::string, Dims> state_shapes(const KVLayout& layout, const FixedShapes& s) {
   std::map<std::string, Dims> out;
@@ -357,8 +342,8 @@ std::pair<std::unique_ptr<Backend>, std::unique_ptr<DrafterBackend>> open_packag
   const bool eagle3 = m.drafter && m.drafter->is_eagle3();
   if (eagle3) {  // its step and fc functions at the target's lengths (its cache is function IO under either binding)
     const std::map<std::string, int> slots = {{DRAFT_KIND, m.drafter->draft_kv->max_context}};
-    const std::map<int, std::string> steps = eagle3_lengths(m, "drafter", where);
-    const std::map<int, std::string> fcs = eagle3_lengths(m, EAGLE3_FC_GRAPH, where);
+    const std::map<int, std::string> steps = entry_lengths(m, "drafter", where, coreml::FIX);
+    const std::map<int, std::string> fcs = entry_lengths(m, EAGLE3_FC_GRAPH, where, coreml::FIX);
     for (const auto& e : steps) {
       if (!fcs.count(e.first))
         throw bundle_error(where + ": the eagle3 step lengths differ from its fc lengths", coreml::FIX);

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include "errors.h"
 
 namespace es {
 
@@ -16,6 +19,14 @@ void AuxRecord::record(const int64_t* tokens, const int64_t* positions, const fl
     ids[size_t(p)] = tokens[i];
     std::memcpy(aux.data() + size_t(p) * size_t(width), rows + size_t(i) * size_t(width), sizeof(float) * size_t(width));
   }
+}
+
+void Eagle3Rows::check_room(const Rows& rows, int64_t slots) {
+  const int64_t t = int64_t(rows.ids.size());
+  if (rows.s + t > slots)
+    throw kv_state_error("the eagle3 drafter's cache holds " + std::to_string(slots) + " rows, a step would write rows " +
+                             std::to_string(rows.s + 1) + ".." + std::to_string(rows.s + t),
+                         "draft fewer tokens (--spec-k) or generate fewer (--max-new-tokens)");
 }
 
 Eagle3Rows::Eagle3Rows(const AuxRecord& record, int capacity) : record_(record), tokens_(size_t(capacity) + 1, -1) {}

@@ -53,6 +53,28 @@ class Eagle3Rows {
   // After the graph ran `rows` and its new K/V rows were written into slots s..s + T - 1.
   void wrote(const Rows& rows);
 
+  // A step that would write past the drafter cache's `slots` rows: Error(Code::KvState) with the fix (never with the
+  // loop's draft lengths, which stop at max_context).
+  static void check_room(const Rows& rows, int64_t slots);
+  // The graph calls of one step, after check_room: a first step's rows `chunk` at a time (the whole step when
+  // chunk <= 0), fuse(aux_from, n) then run(ids, n, s) per chunk, in order (each chunk's rows written before the next
+  // reads them); a chained step: chain() (the previous step's hidden becomes the input) then run(ids, 1, s).
+  template <typename Fuse, typename Chain, typename Run>
+  static void drive(const Rows& rows, int chunk, Fuse&& fuse, Chain&& chain, Run&& run) {
+    const int t = int(rows.ids.size());
+    if (!rows.first) {
+      chain();
+      run(rows.ids.data(), t, rows.s);
+      return;
+    }
+    if (chunk <= 0) chunk = t;
+    for (int a = 0; a < t; a += chunk) {
+      const int n = t - a < chunk ? t - a : chunk;
+      fuse(rows.aux_from + a, n);
+      run(rows.ids.data() + a, n, rows.s + a);
+    }
+  }
+
   int64_t committed() const { return committed_; }
   int64_t used() const { return used_; }
 

@@ -224,10 +224,7 @@ class ExecutorchEagle3Drafter : public DrafterBackend {
   DraftStep step(int64_t token, const std::vector<float>& hidden) override {
     const Eagle3Rows::Rows rows = rows_.next(token);
     const int t = int(rows.ids.size());
-    if (rows.s + t > int64_t(draft_.max_context))  // never with the loop's draft lengths (they stop at max_context)
-      throw kv_state_error("the eagle3 drafter's cache holds " + std::to_string(draft_.max_context) + " rows, a step " +
-                               "would write rows " + std::to_string(rows.s + 1) + ".." + std::to_string(rows.s + t),
-                           "draft fewer tokens (--spec-k) or generate fewer (--max-new-tokens)");
+    Eagle3Rows::check_room(rows, draft_.max_context);
     DraftStep out;
     if (rows.first) {  // the missing rows, max_pass at a time: fc over their aux states, then the step
       const int chunk = draft_.max_pass > 0 ? draft_.max_pass : t;

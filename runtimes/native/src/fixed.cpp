@@ -126,6 +126,20 @@ int64_t fixed_dim(const std::string& dim, int t, const std::map<std::string, int
                      "re-export the bundle with this edge-spec");
 }
 
+std::map<int, std::string> entry_lengths(const Manifest& m, const std::string& entry, const std::string& where,
+                                         const std::string& fix) {
+  std::map<int, std::string> out;
+  try {
+    const Json& fixed = m.raw.at("graphs").at(entry).get("fixed");
+    if (fixed.is_object() && fixed.has("lengths"))
+      for (const auto& e : fixed.at("lengths").as_object()) out[std::stoi(e.first)] = e.second.as_string();
+  } catch (const std::exception& err) {
+    throw bundle_error(where + ": graphs." + entry + ".fixed is malformed (" + err.what() + ")", fix);
+  }
+  if (out.empty()) throw bundle_error(where + ": the '" + entry + "' entry lists no fixed lengths", fix);
+  return out;
+}
+
 std::vector<int64_t> fixed_dims(const TensorSpec& spec, int t, const std::map<std::string, int>& slots) {
   std::vector<int64_t> out;
   for (const auto& d : spec.shape) out.push_back(fixed_dim(d, t, slots));

@@ -45,6 +45,11 @@ struct FixedShapes {
 FixedShapes fixed_shapes(const Json& fixed, const KVLayout& layout, const std::string& what, const std::string& where,
                          const std::string& fix);
 
+// Graph entry `entry`'s fixed.lengths (an eagle3 drafter's "drafter" / "drafter_fc" entries: length -> entry point),
+// refused naming `where` and `fix` when missing, empty or malformed.
+std::map<int, std::string> entry_lengths(const Manifest& m, const std::string& entry, const std::string& where,
+                                         const std::string& fix);
+
 // A manifest dim ("1", "T", "S_full", "S_full+T") of a graph exported at length `t` over `slots`.
 int64_t fixed_dim(const std::string& dim, int t, const std::map<std::string, int>& slots);
 std::vector<int64_t> fixed_dims(const TensorSpec& spec, int t, const std::map<std::string, int>& slots);

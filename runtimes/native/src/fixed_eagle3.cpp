@@ -57,22 +57,10 @@ int FixedEagle3Drafter::length_for(int t) const {  // callers chunk by the longe
 
 DraftStep FixedEagle3Drafter::step(int64_t token, const std::vector<float>& hidden) {
   const Eagle3Rows::Rows rows = rows_.next(token);
-  const int t = int(rows.ids.size());
-  if (rows.s + t > int64_t(slots_))  // never with the loop's draft lengths (they stop at max_context)
-    throw kv_state_error("the eagle3 drafter's cache holds " + std::to_string(slots_) + " rows, a step would write " +
-                             "rows " + std::to_string(rows.s + 1) + ".." + std::to_string(rows.s + t),
-                         "draft fewer tokens (--spec-k) or generate fewer (--max-new-tokens)");
-  if (rows.first) {  // the missing rows, the longest length at a time: fc over their aux states, then the step
-    const int longest = graphs_.lengths.back();
-    for (int a = 0; a < t; a += longest) {
-      const int n = std::min(longest, t - a);
-      fuse(rows.aux_from + a, n);
-      run(rows.ids.data() + a, n, rows.s + a);
-    }
-  } else {  // the previous step's chained hidden [1, 1, H]
-    x_.assign(hidden.begin(), hidden.end());
-    run(rows.ids.data(), t, rows.s);
-  }
+  Eagle3Rows::check_room(rows, slots_);
+  Eagle3Rows::drive(  // a first step: the longest length at a time; a chained one: the previous hidden [1, 1, H]
+      rows, graphs_.lengths.back(), [&](int64_t from, int n) { fuse(from, n); },
+      [&] { x_.assign(hidden.begin(), hidden.end()); }, [&](const int64_t* ids, int n, int64_t s) { run(ids, n, s); });
   rows_.wrote(rows);
   return DraftStep{std::vector<int64_t>(token_ids_.begin(), token_ids_.end()), logits_, out_hidden_};
 }

@@ -396,21 +396,11 @@ class OrtEagle3Drafter : public DrafterBackend {
 
   DraftStep step(int64_t token, const std::vector<float>& hidden) override {
     const Eagle3Rows::Rows rows = rows_.next(token);
-    const int t = int(rows.ids.size());
-    if (rows.s + t > int64_t(draft_.max_context))  // never with the loop's draft lengths (they stop at max_context)
-      throw kv_state_error("the eagle3 drafter's cache holds " + std::to_string(draft_.max_context) + " rows, a step " +
-                               "would write rows " + std::to_string(rows.s + 1) + ".." + std::to_string(rows.s + t),
-                           "draft fewer tokens (--spec-k) or generate fewer (--max-new-tokens)");
-    if (rows.first) {  // the missing rows, EAGLE3_FIRST_CHUNK at a time: fc over their aux states, then the step
-      for (int a = 0; a < t; a += EAGLE3_FIRST_CHUNK) {
-        const int n = std::min(EAGLE3_FIRST_CHUNK, t - a);
-        fuse(rows.aux_from + a, n);
-        run_rows(rows.ids.data() + a, n, rows.s + a);
-      }
-    } else {  // the previous step's chained hidden [1, 1, H]
-      x_.assign(hidden.begin(), hidden.end());
-      run_rows(rows.ids.data(), t, rows.s);
-    }
+    Eagle3Rows::check_room(rows, draft_.max_context);
+    Eagle3Rows::drive(  // a first step: EAGLE3_FIRST_CHUNK rows at a time; a chained one: the previous hidden
+        rows, EAGLE3_FIRST_CHUNK, [&](int64_t from, int n) { fuse(from, n); },
+        [&] { x_.assign(hidden.begin(), hidden.end()); },
+        [&](const int64_t* ids, int n, int64_t s) { run_rows(ids, n, s); });
     rows_.wrote(rows);
     return DraftStep{out_ids_, out_logits_, out_hidden_};
   }

@@ -15,6 +15,7 @@
 
 #include "contract_names.h"
 #include "errors.h"
+#include "fixed.h"
 #include "fixed_eagle3.h"
 #include "ort_common.h"
 #include "qnn_ep.h"
@@ -409,27 +410,13 @@ std::map<int64_t, Rows> read_position0(const std::string& folder, const FixedSha
 }
 
 // ---- an eagle3 drafter: its step and fc graphs at each length (runtimes/qnn.py open_bundle; fixed_eagle3.h) --------
-// graph entry -> length -> graph name (the manifest's graphs.<entry>.fixed.lengths)
-std::map<int, std::string> eagle3_lengths(const Manifest& m, const std::string& entry, const std::string& where) {
-  std::map<int, std::string> out;
-  try {
-    const Json& fixed = m.raw.at("graphs").at(entry).get("fixed");
-    if (fixed.is_object() && fixed.has("lengths"))
-      for (const auto& e : fixed.at("lengths").as_object()) out[std::stoi(e.first)] = e.second.as_string();
-  } catch (const std::exception& err) {
-    throw bundle_error(where + ": graphs." + entry + ".fixed is malformed (" + err.what() + ")", FIX);
-  }
-  if (out.empty()) throw bundle_error(where + ": the eagle3 drafter's '" + entry + "' entry lists no fixed lengths", FIX);
-  return out;
-}
-
 std::unique_ptr<DrafterBackend> open_eagle3(const qnn::Opener& o, const std::string& suffix, QnnBackend& target,
                                             const Manifest& m) {
   const std::string where = join_path(o.folder, MANIFEST_FILE);
   const KVLayout& draft = *m.drafter->draft_kv;
   const int64_t h = m.hidden_size, vd = m.drafter->draft_vocab_size, s = draft.max_context, w = target.aux_width;
-  const std::map<int, std::string> steps = eagle3_lengths(m, "drafter", where);
-  const std::map<int, std::string> fcs = eagle3_lengths(m, EAGLE3_FC_GRAPH, where);
+  const std::map<int, std::string> steps = entry_lengths(m, "drafter", where, FIX);
+  const std::map<int, std::string> fcs = entry_lengths(m, EAGLE3_FC_GRAPH, where, FIX);
   if (steps.size() != fcs.size() || !std::equal(steps.begin(), steps.end(), fcs.begin(),
                                                 [](const auto& a, const auto& b) { return a.first == b.first; }))
     throw bundle_error(where + ": the eagle3 step lengths differ from its fc lengths", FIX);
