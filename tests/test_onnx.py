@@ -415,7 +415,8 @@ def test_unknown_provider_and_bad_options(llama):
 def test_running_a_bundle_imports_no_torch(llama, tmp_path):
     """An ONNX bundle runs on onnxruntime alone: loading it through the Python API (host check included) and decoding
     plainly and speculatively imports no torch, whose import alone holds ~180 MB resident (edge_spec/api.py imports
-    it only where a checkpoint or an eager drafter is used; the attention forms' names live in model/config.py)."""
+    it only where a checkpoint or an eager drafter is used; the attention forms' names live in model/config.py), and
+    no gguf (~7 MB with the yaml and sentencepiece it imports: read only when a GGUF is, since 2026-12-07)."""
     import subprocess
     import sys
 
@@ -423,10 +424,19 @@ def test_running_a_bundle_imports_no_torch(llama, tmp_path):
             f"e = load_bundle({str(llama[0])!r}, threads=1); "
             "e.generate([5, 6, 7], max_new_tokens=6, speculative=False); "
             "e.generate([5, 6, 7], max_new_tokens=6, allow_inexact=True); "
-            "assert e.drafter is not None and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]")
+            "assert e.drafter is not None and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]; "
+            "assert 'gguf' not in sys.modules")
     env = {**os.environ, "EDGE_SPEC_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_sessions_run_without_a_memory_arena(llama):
+    """The target's and the drafter's sessions hold no CPU memory arena (runtimes/ort.py make_session: an arena keeps
+    the largest pass's buffers for the session's life; `make demo`'s decode peaked 15 MB lower without it)."""
+    engine = load_bundle(llama[0], threads=1, host_check=False)
+    for session in (engine.session.backend.session, engine.drafter.session):
+        assert session.get_session_options().enable_cpu_mem_arena is False
 
 
 # ---- CLI -------------------------------------------------------------------------------------------------

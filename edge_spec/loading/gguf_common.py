@@ -10,12 +10,14 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-from gguf import GGUFReader
 
 from edge_spec.errors import CheckpointError
+
+if TYPE_CHECKING:  # gguf (and the yaml, sentencepiece it imports: ~7 MB resident) is read when a GGUF is, not before:
+    from gguf import GGUFReader  # `edge_spec.api` imports this module for `cache_root` alone
 
 CACHE_ENV_VAR = "EDGE_SPEC_CACHE"
 HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -23,7 +25,7 @@ LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.weight")  # a per-layer GGUF tensor
 REQUIRED = object()  # read_field's default: the key must be there
 
 # write(reader, gguf_path, folder, progress): puts the four HF_FILES into `folder`
-Writer = Callable[[GGUFReader, Path, Path, bool], None]
+Writer = Callable[["GGUFReader", Path, Path, bool], None]
 
 
 class GGUFImportError(CheckpointError):
@@ -68,6 +70,8 @@ def convert(gguf_path: Path, out_dir: Path, write: Writer, *, progress: bool = T
 
 
 def open_reader(path: Path) -> GGUFReader:
+    from gguf import GGUFReader
+
     if not path.is_file():
         raise GGUFImportError(f"GGUF file not found: {path}")
     try:
