@@ -1,9 +1,11 @@
 """Shared fixtures, and the test tiers.
 
-Two tiers, chosen from the fixtures a test uses and never by hand:
-- `make test` (CI, the fast tier): tiny random models through every format, the maths, the CLI.
-- `make test-real` (`-m real`): anything that touches a real checkpoint, an E2B-sized model or a full-size
-  export. A test is in it when it asks for one of REAL_FIXTURES (directly or through another fixture).
+Two tiers:
+- `make test` (CI, the fast tier): tiny random models through every format's default forms, the maths, the CLI.
+- `make test-real` (`-m real`, the long tier): anything that touches a real checkpoint, an E2B-sized model or a
+  full-size export - a test is in it when it asks for one of REAL_FIXTURES (directly or through another fixture) -
+  and the tiny bundles' variant exports that tests/tiers.py names (a second precision, binding, drafter or family
+  of a format whose default form the fast tier exports).
 """
 
 import os

@@ -71,6 +71,7 @@ class Row:
     damage: str = ""  # the file the damaged-bundle test damages
     unreadable: str | None = None  # regex of the runtime's refusal of that file once its checksums are re-recorded
     drafter_kind: str = "mtp"  # "eagle3": a tiny random Speculators EAGLE-3 drafter (tests/test_eagle3_speculative.py)
+    long: bool = False  # a variant of a format whose default rows the fast tier runs: the long tier's (tests/tiers.py)
 
     @property
     def id(self) -> str:
@@ -123,11 +124,19 @@ def _rows() -> list[Row]:
                         verify=(45, ((20, 5), (30, 9), (41, 3) if family == "llama" else (12, 3))),
                         damage="qnn/target_5.ctx.onnx", unreadable=r"target_5\.ctx\.onnx: onnxruntime cannot load it"))
     rows = [r for r in rows if r.family != "qwen3" or (r.format, r.binding) in QWEN3_ROWS]
+    # the long tier's rows (tests/tiers.py): qwen3 beyond ONNX, and Core ML's gemma `state` row. Each is a variant of
+    # a row the fast tier runs (qwen3: the llama rows' blocks + q/k norms, which the ONNX rows and the QNN row keep in
+    # the fast tier; coreml-gemma-state: the llama `state` row's binding, the gemma `io` row's model)
+    rows = [replace(r, long=True) if (r.family == "qwen3" and r.format in ("executorch", "coreml"))
+            or (r.format, r.family, r.binding) == ("coreml", "gemma", kv.BINDING_STATE) else r for r in rows]
     # an EAGLE-3 drafter in every format (issue 48): each format's default llama row again, the drafter swapped, in a
     # group of its own (no per-format file reads these bundles). The other bindings' eagle3 bundles are their files'
     # (tests/test_native_eagle3.py: onnx `shared`; tests/test_eagle3_coreml.py: coreml `state`)
+    # (the ExecuTorch and Core ML ones in the long tier: tests/test_eagle3_executorch.py and tests/test_eagle3_coreml.py
+    # export those formats' EAGLE-3 bundles in the fast tier)
     defaults = {(f.name, f.binding) for f in formats.FORMATS.values()}
-    rows += [replace(r, drafter_kind="eagle3", group=f"contract-eagle3-{r.format}") for r in rows
+    rows += [replace(r, drafter_kind="eagle3", group=f"contract-eagle3-{r.format}",
+                     long=r.format in ("executorch", "coreml")) for r in rows
              if r.family == "llama" and r.format != "toy" and (r.format, r.binding) in defaults]
     # the toy format (tests/test_toy_format.py, registered at run time): full-attention llama, no drafter of its own
     rows.append(Row("toy", "llama", kv.BINDING_IO, "test_toy_format.py", export=dict(precision="fp32", max_context=160),

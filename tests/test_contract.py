@@ -26,6 +26,7 @@ from edge_spec.loading import checkpoints
 from tests.contract import (DRAFTERS, ROWS, OracleDrafter, copy_bundle, differing_windows, host_checked_session,
                             rehash, round_kv_to_fp16, tiny_drafter)
 from tests.parity import LOGITS_TOL, assert_drafter_matches_eager, assert_target_matches_eager, prompt_ids
+from tests.tiers import LONG
 
 GREEDY = SamplingParams()
 
@@ -35,7 +36,7 @@ def rows(where=lambda row: True, runs=False):
     option set the row claims exactness under, as (row, options))."""
     out = []
     for row in filter(where, ROWS):
-        mark = pytest.mark.xdist_group(row.group)
+        mark = (pytest.mark.xdist_group(row.group), *((LONG,) if row.long else ()))
         if runs:
             out += [pytest.param(row, opts, id="-".join(filter(None, (row.id, name))), marks=mark)
                     for name, opts in row.runs]

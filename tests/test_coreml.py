@@ -31,6 +31,7 @@ from edge_spec.runtimes.coreml import EXECUTOR_ENV
 from edge_spec.runtimes.torch import TorchBackend
 from tests.contract import differing_windows, round_kv_to_fp16
 from tests.parity import assert_drafter_matches_eager, chunked_logits, prompt_ids
+from tests.tiers import LONG, long_variant
 
 
 @pytest.fixture(autouse=True)
@@ -126,11 +127,12 @@ def gemma_state(tiny_bundles):
     return tiny_bundles.get("coreml", "gemma", "state")
 
 
-@pytest.fixture(params=["llama_state", "gemma_state"])
+@pytest.fixture(params=["llama_state", long_variant("gemma_state")])
 def state_pair(request):
     return request.getfixturevalue(request.param)
 
 
+@LONG  # the gemma `state` package: a variant (tests/tiers.py)
 def test_state_package_declares_one_set_of_states(gemma_state):
     """Every function (target lengths and drafter) declares the same fp16 states, one per cached layer's K and V,
     [1, H_kv, S_f, D] with S_f a multiple of 32 holding the layout's slots and a spare one; no cache is an input or

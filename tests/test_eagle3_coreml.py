@@ -28,6 +28,7 @@ from edge_spec.runtimes.torch_eagle3 import eagle3_pair
 from tests.test_eagle3_onnx import spec_equals_plain, target  # noqa: F401 (target: a fixture)
 from tests.eagle3_checks import assert_accept_all_as_eager, assert_host_check_passes_and_speculates
 from tests.test_eagle3_speculative import drafter_for
+from tests.tiers import long_variant
 
 pytest.importorskip("coremltools")
 
@@ -45,7 +46,8 @@ def mil_executor(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path_factory.getbasetemp() / "eagle3-coreml-cache"))
 
 
-@pytest.fixture(scope="module", params=list(FORMS))
+# fp32 `io` in the fast tier; the fp16 and `state` packages are variants (tests/tiers.py)
+@pytest.fixture(scope="module", params=[f if f == "fp32" else long_variant(f) for f in FORMS])
 def exported(request, target, tmp_path_factory):
     """(bundle folder, the eager drafter it was exported from, precision; "<precision>-state" for the state binding:
     its drafts are not eager's, the fp16 states round the target's caches)."""

@@ -28,6 +28,7 @@ from tests.eagle3_checks import assert_accept_all_as_eager, assert_host_check_pa
 from tests.test_eagle3_speculative import drafter_for
 from tests.test_native import native  # noqa: F401 (the build fixture)
 from tests.test_native_eagle3 import ids_flag, serve
+from tests.tiers import long_variant
 
 pytest.importorskip("executorch")
 
@@ -40,7 +41,8 @@ def host_check_cache(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("EDGE_SPEC_CACHE", str(tmp_path_factory.getbasetemp() / "eagle3-pte-cache"))
 
 
-@pytest.fixture(scope="module", params=list(FORMS))
+# fp32 in the fast tier; the 8da4w program is a variant (tests/tiers.py)
+@pytest.fixture(scope="module", params=[f if f.startswith("fp32") else long_variant(f) for f in FORMS])
 def exported(request, target, tmp_path_factory):
     """(bundle folder, the eager drafter it was exported from, precision)."""
     precision = FORMS[request.param]

@@ -23,6 +23,7 @@ from edge_spec.contract.manifest import read_manifest
 from edge_spec.errors import ConfigError
 from tests.parity import chunked_logits, prompt_ids
 from tests.test_native import native  # noqa: F401 (the build fixture)
+from tests.tiers import LONG, long_variant
 
 FLOAT32 = 6  # executorch's ScalarType.FLOAT
 ELEMENT_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 15: 2}  # ScalarType -> bytes
@@ -74,19 +75,28 @@ def bundle_constants(folder: Path) -> list[Constant]:
     return found
 
 
-GRIDS = ("8da4w", "8da4w-gguf")
+class Forms(dict):
+    """grid -> the tiny llama + drafter exported at it, on first use (~1 min each)."""
+
+    def __init__(self, pair, root: Path):
+        super().__init__()
+        self.pair, self.root = pair, root
+
+    def __missing__(self, grid: str) -> Path:
+        _, target, drafter = self.pair
+        self[grid] = export_bundle(target, self.root / grid, drafter=drafter, precision=grid, max_context=64)
+        return self[grid]
 
 
 @pytest.fixture(scope="module")
-def llama_8da4w_forms(tiny_llama_pte_pair, tmp_path_factory) -> dict[str, Path]:
-    """The tiny llama + drafter at each 8da4w grid (~1 min each): XNNPACK's symmetric int4 fitted to calibration
-    prompts, and the GGUF-exact codes with their block-offset term."""
-    _, target, drafter = tiny_llama_pte_pair
-    root = tmp_path_factory.mktemp("lean")
-    return {p: export_bundle(target, root / p, drafter=drafter, precision=p, max_context=64) for p in GRIDS}
+def llama_8da4w_forms(tiny_llama_pte_pair, tmp_path_factory) -> Forms:
+    """The tiny llama + drafter at each 8da4w grid: XNNPACK's symmetric int4 fitted to calibration prompts, and the
+    GGUF-exact codes with their block-offset term."""
+    return Forms(tiny_llama_pte_pair, tmp_path_factory.mktemp("lean"))
 
 
-@pytest.fixture(params=GRIDS)
+# the default grid in the fast tier; the GGUF-exact one is a variant (tests/tiers.py)
+@pytest.fixture(params=["8da4w", long_variant("8da4w-gguf")])
 def llama_8da4w(request, llama_8da4w_forms, tiny_llama_pte_pair):
     _, target, drafter = tiny_llama_pte_pair
     return llama_8da4w_forms[request.param], target, drafter
@@ -159,6 +169,7 @@ def test_8da4w_tables_keep_agreement_and_greedy_exactness(llama_8da4w, tmp_path)
         export_bundle(target, tmp_path / "bad", precision="int8")
 
 
+@LONG  # exports the GGUF-exact variant
 def test_the_native_grid_stores_no_offset_term(llama_8da4w_forms, tiny_llama_pte_pair):
     """8da4w stores XNNPACK's own int4 blocks only; 8da4w-gguf adds an fp32 offset per block of 32 inputs of every
     target Linear (and the drafter's): the native bundle's constants are smaller by at least the target's offsets
