@@ -11,6 +11,7 @@ memory-mapped `embed_table` of the bundle: it owns no cache and no copy of the t
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +40,31 @@ def _import_ort():
     except ImportError as err:  # pragma: no cover - a declared dependency
         raise ConfigError("onnxruntime is not installed", "pip install onnxruntime") from err
     return onnxruntime
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+MMAP_THRESHOLD = 128 * 1024  # glibc's default threshold, kept fixed
+_returning = []
+
+
+def return_freed_buffers() -> bool:
+    """Have the process give a large freed buffer back to the system (glibc; elsewhere nothing changes: False).
+
+    Without its arena onnxruntime mallocs each pass's buffers and frees them after the pass. glibc serves a buffer over
+    its mmap threshold (128 KB) from a mapping of its own, returned when freed, but after the first such free it raises
+    the threshold to that buffer's size (up to 32 MB) and serves later ones from the heap, which keeps them: the heap
+    grows to the largest pass's working set and stays there. A fixed threshold (mallopt, which also stops the raising)
+    keeps every large buffer a mapping of its own. `make demo`'s decode peaked 296-299 -> 289-290 MB with it
+    (docs/benchmarks.md "2026-12-07 (afternoon)"). Process-wide, set once, by the first session made."""
+    if not _returning:
+        import ctypes
+        import platform
+
+        done = False
+        if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+            done = bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+        _returning.append(done)
+    return _returning[0]
 
 
 def make_session(path: Path, *, provider: str | None = "cpu", threads: int | None = None,
@@ -73,6 +99,7 @@ def make_session(path: Path, *, provider: str | None = "cpu", threads: int | Non
     # session's life. `make demo`'s decode peaked 15 MB lower without it (316-317 -> 301-302 MB), at the same speed
     # (95.6-98.4 vs 96.7-97.2 tok/s, three interleaved runs each, Intel Xeon, 2026-12-07: docs/benchmarks.md)
     so.enable_cpu_mem_arena = False
+    return_freed_buffers()  # and the freed buffers go back to the system, not to the heap
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     keep = []
     if initializers:

@@ -56,7 +56,9 @@ def test_bench_writes_json_markdown_and_plot(bundles, tmp_path, capsys):
             assert split["drafter"] + split["target"] + split["overhead"] == pytest.approx(1.0)
         assert r["time_split"]["plain"]["drafter"] == 0.0 and r["time_split"]["spec"]["drafter"] > 0  # MTP only
         assert r["lookup_share"] == 0.0
-        assert r["peak_rss_mb"] > 10
+        # a decode in a process of its own (edge_spec/benchmark/own_process.py), below this test process's peak,
+        # which holds torch and every configuration's runs
+        assert 10 < r["peak_rss_mb"] < r["bench_process_rss_mb"]
         assert r["bundle_bytes"] == sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
         assert r["drafter_step_share"] == pytest.approx(r["drafter_step_ms"] / r["target_step_ms"])
     greedy = [r for r in rows if r["temperature"] == 0]
@@ -66,6 +68,7 @@ def test_bench_writes_json_markdown_and_plot(bundles, tmp_path, capsys):
     md = (out / "b.md").read_text()
     assert md.startswith("`edge-spec ") and "| ort | fp32 | 0 | 3 |" in md and md.count("\n| ort |") == 6
     assert "| ort | fp32 |" in stdout
+    assert f"peak resident memory {rows[0]['peak_rss_mb']:.0f} MB (a decode of every prompt in a process of its own" in md
 
 
 def test_bench_drafts_with_retrieval_by_default(bundles, tmp_path, capsys):

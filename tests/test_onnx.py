@@ -9,7 +9,10 @@ factory (tests/contract.py), shared with the contract suite.
 import functools
 import json
 import os
+import platform
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -437,6 +440,41 @@ def test_sessions_run_without_a_memory_arena(llama):
     engine = load_bundle(llama[0], threads=1, host_check=False)
     for session in (engine.session.backend.session, engine.drafter.session):
         assert session.get_session_options().enable_cpu_mem_arena is False
+
+
+FREED_PROBE = """
+import sys, numpy as np
+if sys.argv[1] == "load":
+    from edge_spec.api import load_bundle
+    engine = load_bundle(sys.argv[2], threads=1, host_check=False)
+def in_heap(a):
+    at = a.__array_interface__["data"][0]
+    for line in open("/proc/self/maps"):
+        if line.rstrip().endswith("[heap]"):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= at < hi:
+                return True
+    return False
+a = np.ones(1 << 20)  # 8 MB: a mapping of its own under glibc's default threshold
+first = in_heap(a)
+del a
+b = np.ones(1 << 20)  # after that free, glibc's moving threshold puts the next one in the heap
+print(first, in_heap(b))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_freed_pass_buffers_go_back_to_the_system(llama):
+    """Once a session is made, an 8 MB buffer freed and allocated again is still a mapping of its own (returned to the
+    system when freed: runtimes/ort.py return_freed_buffers), where a process that made no session serves the second
+    one from the heap, which glibc keeps (the negative control: glibc's moving mmap threshold)."""
+    def probe(*args):
+        out = subprocess.run([sys.executable, "-c", FREED_PROBE, *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.split()
+
+    assert probe("bare") == ["False", "True"]  # glibc's default: the second 8 MB buffer comes from the heap
+    assert probe("load", str(llama[0])) == ["False", "False"]
 
 
 # ---- CLI -------------------------------------------------------------------------------------------------

@@ -262,9 +262,11 @@ def markdown(rows: list[dict], peers: list[dict], meta: dict) -> str:
                      f"{sp['drafter']:.0%} / {sp['target']:.0%} / {sp['overhead']:.0%} | "
                      f"{r['python_overhead_plain']:.0%} | {_steps(r)} | {_retrieval(r)} | "
                      f"{r['first_token_ms']['spec']:.0f} | {exact} |")
-    if meta.get("bundle_bytes"):
-        lines += ["", f"Bundle on disk: {meta['bundle_bytes'] / 1e6:.1f} MB; peak resident memory of our runtime's "
-                      f"process {max(r['peak_rss_mb'] for r in rows):.0f} MB (each peer runs in a process of its own)."]
+    if meta.get("bundle_bytes") and rows and rows[0].get("peak_rss_mb"):
+        where = ("a decode of every prompt in a process of its own, as each peer's" if "bench_process_rss_mb" in rows[0]
+                 else "our runtime's process (each peer runs in a process of its own)")
+        lines += ["", f"Bundle on disk: {meta['bundle_bytes'] / 1e6:.1f} MB; peak resident memory "
+                      f"{max(r['peak_rss_mb'] for r in rows):.0f} MB ({where})."]
     if peers:
         lines += ["", "| peer | model | precision | plain tok/s | first token ms | model MB on disk | peak RSS MB |",
                   "|---|---|---|---|---|---|---|"]
@@ -325,6 +327,7 @@ def main(args, prompts: list[dict]) -> int:
     """`edge-spec bench` on the Python runtimes (edge_spec.benchmark.command: the shared option checks done, `prompts`
     read)."""
     from edge_spec.api import load
+    from edge_spec.benchmark.own_process import decode_peak_mb
     from edge_spec.cli_options import given_options
     from edge_spec.contract.formats import RUN
     from edge_spec.peers import from_args as peers_from_args
@@ -333,14 +336,22 @@ def main(args, prompts: list[dict]) -> int:
         raise ConfigError("--native-bin applies to --runtime native", "add --runtime native, or drop --native-bin")
     if args.bundle is not None and args.drafter is not None:
         raise ConfigError("--bundle cannot be combined with --drafter (a bundle brings its own)", "drop --drafter")
-    engine = load(args.model or "smollm2-135m", drafter=args.drafter if args.bundle is None else None,
-                  runtime=args.runtime, threads=args.threads, bundle=args.bundle, spin=not args.no_spin,
-                  **given_options(args, RUN))
-    if not getattr(args, "datastore", True):  # --no-datastore
+    load_kwargs = dict(model=args.model or "smollm2-135m", drafter=args.drafter if args.bundle is None else None,
+                       runtime=args.runtime, threads=args.threads, bundle=args.bundle, spin=not args.no_spin,
+                       **given_options(args, RUN))
+    engine = load(**load_kwargs)
+    datastore = getattr(args, "datastore", True)
+    if not datastore:  # --no-datastore
         engine.datastore = None
     runners = peers_from_args(args, engine)
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners, lookup=args.lookup)
+    # the peak memory of a decode in a process of its own, as the peers' is (edge_spec/benchmark/own_process.py)
+    own = decode_peak_mb(load_kwargs, prompts, k=max(args.spec_k), adaptive=args.adaptive,
+                         temperature=args.temperature[0], max_new_tokens=args.max_new_tokens, lookup=args.lookup,
+                         datastore=datastore)
+    for r in rows:
+        r["bench_process_rss_mb"], r["peak_rss_mb"] = r["peak_rss_mb"], own
     exactness = engine.exactness
     return report(args, rows, [r.result() for r in runners], len(prompts),
                   exactness.summary() if exactness is not None else None,
