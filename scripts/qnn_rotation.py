@@ -13,7 +13,8 @@ projections 16-bit as `exporters.qnn.WIDE_WEIGHTS` keeps them), the input table 
 also rounds the residual stream (the input of every norm) to a 16-bit per-tensor grid whose range is the stream's
 min / max over the bench prompts (calibration), position 0 left float as the bundle's host sink leaves it.
 
-    .venv/bin/python scripts/qnn_rotation.py [--prompts 12] [--tokens 96] [--acts]
+    .venv/bin/python scripts/qnn_rotation.py [--prompts 12] [--tokens 96] [--acts] [--wide lm_head ...]
+        [--rotations none "random orthogonal" ...] [--seed 0]
 """
 
 from __future__ import annotations
@@ -73,10 +74,10 @@ def fake_quant(w: torch.Tensor, bits: int, per_channel: bool) -> torch.Tensor:
 
 
 @torch.no_grad()
-def quantize_weights(model) -> None:
+def quantize_weights(model, wide: tuple[str, ...] = WIDE) -> None:
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear):
-            mod.weight.copy_(fake_quant(mod.weight, 16 if name.endswith(WIDE) else 8, True))
+            mod.weight.copy_(fake_quant(mod.weight, 16 if name.endswith(wide) else 8, True))
     model.model.embed_tokens.weight.copy_(fake_quant(model.model.embed_tokens.weight, 16, False))
 
 
@@ -109,6 +110,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--acts", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--wide", nargs="*", default=[], help="more linears at 16 bits, e.g. lm_head down_proj")
+    parser.add_argument("--rotations", nargs="*", default=["none", "random orthogonal", "hadamard 64 x random 9"])
     args = parser.parse_args()
     from pathlib import Path
 
@@ -147,13 +150,13 @@ def main() -> None:
     n = sum(len(r) for r in ref)
     rotations = {"none": None, "random orthogonal": random_orthogonal(576, args.seed),
                  "hadamard 64 x random 9": hadamard_like(576, args.seed)}
-    for name, q in rotations.items():
+    for name, q in ((n, rotations[n]) for n in args.rotations):
         model = copy.deepcopy(fp32)
         model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())  # untied
         if q is not None:
             rotate(model, q)
         float_top1 = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(logits(model), ref)) / n
-        quantize_weights(model)
+        quantize_weights(model, WIDE + tuple(args.wide))
         if args.acts:
             grid = StreamGrid(model)
             with torch.no_grad():
@@ -164,7 +167,7 @@ def main() -> None:
         out = logits(model)
         top1 = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(out, ref)) / n
         row = {"rotation": name, "float top1": round(float_top1, 4), "quantized top1": round(top1, 4),
-               "positions": n, "acts": args.acts}
+               "positions": n, "acts": args.acts, "wide": list(WIDE) + args.wide}
         if args.acts:
             row["largest stream range"] = round(worst, 1)
         print(json.dumps(row), flush=True)
