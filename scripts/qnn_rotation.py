@@ -111,6 +111,8 @@ def main() -> None:
     parser.add_argument("--acts", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wide", nargs="*", default=[], help="more linears at 16 bits, e.g. lm_head down_proj")
+    parser.add_argument("--sink", choices=("fp32", "model"), default="fp32",
+                        help="position 0 through fp32 or through the quantized model (as the bundle's host sink)")
     parser.add_argument("--rotations", nargs="*", default=["none", "random orthogonal", "hadamard 64 x random 9"])
     args = parser.parse_args()
     from pathlib import Path
@@ -136,11 +138,15 @@ def main() -> None:
     calib = [tok.encode_prompt(p["prompt"], chat=p["chat"])[:64] for p in read_prompts(DEFAULT_PROMPTS)]
 
     def logits(model):
-        """Answer positions' logits; position 0 through fp32 (its K / V: the bundle's host sink), the rest through
-        `model` (the rotation leaves keys and values as they are, so fp32's cache serves the rotated model too)."""
+        """Answer positions' logits; position 0 through fp32 (`--sink fp32`: the rotation leaves keys and values as
+        they are, so fp32's cache serves the rotated model too) or through `model` itself (`--sink model`: as the
+        bundle's host sink runs it, float activations over the quantized weights), the rest through `model`."""
         out = []
         with torch.no_grad():
             for s, p in zip(seqs, prompts):
+                if args.sink == "model":
+                    out.append(model(torch.tensor([s])).logits[0, len(p) - 1:-1])
+                    continue
                 past = fp32(torch.tensor([s[:1]]), use_cache=True).past_key_values
                 rest = model(torch.tensor([s[1:]]), past_key_values=past).logits[0]
                 out.append(rest[len(p) - 2:-1])
@@ -167,7 +173,7 @@ def main() -> None:
         out = logits(model)
         top1 = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(out, ref)) / n
         row = {"rotation": name, "float top1": round(float_top1, 4), "quantized top1": round(top1, 4),
-               "positions": n, "acts": args.acts, "wide": list(WIDE) + args.wide}
+               "positions": n, "acts": args.acts, "wide": list(WIDE) + args.wide, "sink": args.sink}
         if args.acts:
             row["largest stream range"] = round(worst, 1)
         print(json.dumps(row), flush=True)
