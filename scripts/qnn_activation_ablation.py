@@ -6,7 +6,7 @@ variant gains much is where the activations lose; "all" (every activation float:
 "none" (the bundle as it is) bound the table.
 
     .venv/bin/python scripts/qnn_activation_ablation.py B --export [--without rope calibration]  # QDQ graphs only
-    .venv/bin/python scripts/qnn_activation_ablation.py B [--classes none all norm ...] [--prompts 8]
+    .venv/bin/python scripts/qnn_activation_ablation.py B [--classes none all norm ...] [--prompts 8] [--sink fp32]
 
 --export writes a QNN bundle of the target alone without context binaries (the CPU provider reads only the QDQ
 graphs): ~10 min for SmolLM2 on 2 cores. One JSON line per variant.
@@ -98,13 +98,42 @@ def answers(target, prompts: list[str], layout) -> list[tuple[list[int], list[in
     return out
 
 
-def score(bundle: Path, data) -> dict:
-    """Top-1 of the bundle's CPU QDQ graphs, teacher-forced, on the answer tokens."""
+def fp32_sink(engine, target) -> None:
+    """Position 0's rows from eager fp32 (`target`) instead of the bundle's host sink (the QDQ graph's float twin:
+    float activations over the 8-bit weights): what a phone bundle's `position0.bin` could hold."""
+    import torch
+
+    backend = engine.session.backend
+    layout = engine.session.state.layout
+    d = engine.manifest.drafter
+    aux_layers = tuple(d.aux_layers) if d is not None and d.aux_layers else ()
+    empty = [torch.zeros(1, c.num_kv_heads, 0, c.head_dim) for c in layout.caches]
+    real_run, sink = backend.run, object()
+
+    def run(function, input_ids, position_ids, masks):
+        if function is not sink:
+            return real_run(function, input_ids, position_ids, masks)
+        with torch.no_grad():
+            out = target.model(torch.as_tensor(input_ids, dtype=torch.long), torch.as_tensor(position_ids,
+                               dtype=torch.long), {k: torch.zeros(1, 1, 1, 1) for k in layout.kinds()}, empty, empty,
+                               aux_layers=aux_layers)
+        if backend.aux_width:
+            backend._aux = out.aux[0].numpy()
+        return out.logits[0].numpy(), out.hidden[0].numpy(), [t.numpy() for p in zip(out.new_k, out.new_v) for t in p]
+
+    backend.run, backend.sink = run, sink
+
+
+def score(bundle: Path, data, target=None) -> dict:
+    """Top-1 of the bundle's CPU QDQ graphs, teacher-forced, on the answer tokens (`target`: position 0 from eager
+    fp32, `fp32_sink`)."""
     from qnn_bundle_quality import passes
 
     from edge_spec.api import load_bundle
 
     engine = load_bundle(bundle, provider="cpu", host_check=False)
+    if target is not None:
+        fp32_sink(engine, target)
     t = engine.session.state.layout.max_pass
     agree, n, first = 0, 0, []
     for ids, answer in data:
@@ -149,6 +178,8 @@ def main() -> None:
     parser.add_argument("--export", action="store_true", help="write the bundle first")
     parser.add_argument("--without", nargs="*", default=[], choices=("rope", "calibration"),
                         help="with --export: recipe steps turned off (`export`)")
+    parser.add_argument("--sink", choices=("bundle", "fp32"), default="bundle",
+                        help="position 0 through the bundle's host sink or from eager fp32 (`fp32_sink`)")
     parser.add_argument("--classes", nargs="+", default=list(CLASSES), choices=list(CLASSES))
     parser.add_argument("--prompts", type=int, default=8, help="held-out everyday prompts (of 12)")
     args = parser.parse_args()
@@ -164,7 +195,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="qnn-ablation-", dir=args.bundle.parent) as work:
         for name in args.classes:
             folder, n = variant_bundle(args.bundle, Path(work), CLASSES[name])
-            print(json.dumps({"float": name, "pairs_per_graph": n, **score(folder, data)}), flush=True)
+            print(json.dumps({"float": name, "pairs_per_graph": n, "sink": args.sink,
+                              **score(folder, data, target if args.sink == "fp32" else None)}), flush=True)
 
 
 if __name__ == "__main__":
