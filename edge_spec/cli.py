@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-datastore", dest="datastore", action="store_false",
                        help="speculative configurations draft without the static datastore (default: with it, where "
                             "the bundle or model has one)")
+    bench.add_argument("--no-memory-probe", dest="memory_probe", action="store_false",
+                       help="report the bench process's own peak memory instead of decoding every prompt once more in "
+                            "a process of its own (default: that decode's peak, measured as each peer's; the Python "
+                            "runtimes)")
     bench.add_argument("--require-exact", action="store_true",
                        help="exit 1 if greedy speculative output differed from plain on any prompt, or the host check "
                             "found this host's kernels not batch-invariant")

@@ -72,12 +72,14 @@ def test_bench_writes_json_markdown_and_plot(bundles, tmp_path, capsys):
 
 
 def test_bench_drafts_with_retrieval_by_default(bundles, tmp_path, capsys):
-    """The tiny model repeats itself, so retrieval drafts some passes; greedy output stays plain's."""
+    """The tiny model repeats itself, so retrieval drafts some passes; greedy output stays plain's. (With
+    --no-memory-probe: the peak memory reported is the bench process's, no decode in a process of its own.)"""
     bundle, _, prompts = bundles
     out = tmp_path / "b.json"
     assert main(["bench", "--bundle", str(bundle), "--prompts", str(prompts), "--spec-k", "3", "--max-new-tokens", "24",
-                 "--threads", "1", "--json", str(out)]) == 0
+                 "--threads", "1", "--json", str(out), "--no-memory-probe"]) == 0
     (row,) = json.loads(out.read_text())
+    assert "bench_process_rss_mb" not in row and row["peak_rss_mb"] > 10
     assert row["lookup_share"] > 0 and row["greedy_exact"]
     # what a proposal costs is reported (prompt lookup; the tiny bundle has no datastore)
     assert row["lookup_ms_per_call"] > 0 and row["datastore_ms_per_call"] is None

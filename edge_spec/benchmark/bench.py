@@ -347,11 +347,12 @@ def main(args, prompts: list[dict]) -> int:
     rows = measure(engine, prompts, ks=args.spec_k, temperatures=args.temperature, adaptive=args.adaptive,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=runners, lookup=args.lookup)
     # the peak memory of a decode in a process of its own, as the peers' is (edge_spec/benchmark/own_process.py)
-    own = decode_peak_mb(load_kwargs, prompts, k=max(args.spec_k), adaptive=args.adaptive,
-                         temperature=args.temperature[0], max_new_tokens=args.max_new_tokens, lookup=args.lookup,
-                         datastore=datastore)
-    for r in rows:
-        r["bench_process_rss_mb"], r["peak_rss_mb"] = r["peak_rss_mb"], own
+    if getattr(args, "memory_probe", True):
+        own = decode_peak_mb(load_kwargs, prompts, k=max(args.spec_k), adaptive=args.adaptive,
+                             temperature=args.temperature[0], max_new_tokens=args.max_new_tokens, lookup=args.lookup,
+                             datastore=datastore)
+        for r in rows:
+            r["bench_process_rss_mb"], r["peak_rss_mb"] = r["peak_rss_mb"], own
     exactness = engine.exactness
     return report(args, rows, [r.result() for r in runners], len(prompts),
                   exactness.summary() if exactness is not None else None,
