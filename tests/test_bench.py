@@ -336,3 +336,24 @@ def test_the_llama_cpp_peer_decodes_the_targets_own_gguf_and_refuses_another_mod
     with pytest.raises(ConfigError, match="vocabulary of 49,152 tokens, the target's has 262,144"):
         LlamaCppPeer(find_smollm2_gguf(), threads=1, vocab_size=262_144)
     assert LlamaCppPeer(find_smollm2_gguf(), threads=1, vocab_size=49_152).llm.n_vocab() == 49_152
+
+
+def test_a_bench_whose_prompts_stop_at_once_says_so():
+    """SmolLM2 given its everyday prompts without the chat template answers with a stop token within a few tokens:
+    a bench over 95 tokens in all for 12 x 96 asked once went into the docs as a speed. The report now says so, in
+    the Markdown and on stderr; long enough outputs get no warning."""
+    from edge_spec.benchmark.bench import short_outputs
+
+    row = {"runtime": "ort", "precision": "int4", "k": 2, "k_max": 2, "temperature": 0.0, "plain_tok_s": 170.0,
+           "spec_tok_s": 200.0, "speedup": 1.2, "tau": 1.5, "acceptance_by_position": [0.5, 0.2], "mean_k": None,
+           "time_split": {"plain": {"drafter": 0, "target": 1, "overhead": 0},
+                          "spec": {"drafter": 0, "target": 1, "overhead": 0}},
+           "python_overhead_plain": 0.0, "first_token_ms": {"plain": 1.0, "spec": 1.0}, "prompts": 12,
+           "tokens": {"plain": 95, "spec": 95}}
+    meta = {"date": "d", "machine": "m", "threads": 2, "prompts": 12, "max_new_tokens": 96}
+    warning = short_outputs([row], 96)
+    assert warning is not None and "8.9 new tokens per prompt of the 96 asked" in warning and "chat" in warning
+    assert warning in markdown([row], [], meta)
+    row["tokens"] = {"plain": 12 * 47, "spec": 12 * 47}  # 48 per prompt: half the budget
+    assert short_outputs([row], 96) is None and "warning" not in markdown([row], [], meta)
+    assert short_outputs([], 96) is None

@@ -244,9 +244,27 @@ def _retrieval(r: dict) -> str:
     return f"{_fmt(r.get('lookup_ms_per_call'), '.3f')} / {_fmt(r.get('datastore_ms_per_call'), '.3f')}"
 
 
+def short_outputs(rows: list[dict], max_new_tokens: int) -> str | None:
+    """A warning when our plain decode stopped early on most prompts (a stop token within half the budget, on
+    average): speeds over a few tokens per prompt say little, and an instruct model given its prompts without the
+    chat template often answers with a stop token at once. None when the outputs are long enough."""
+    measured = [r for r in rows if r.get("prompts") and "tokens" in r]
+    if not measured:
+        return None
+    r = next((r for r in measured if r.get("temperature") == 0.0), measured[0])
+    per_prompt = (r["tokens"]["plain"] + r["prompts"]) / r["prompts"]  # tokens counts the new ones after the first
+    if per_prompt >= max_new_tokens / 2:
+        return None
+    return (f"warning: our plain decode made {per_prompt:.1f} new tokens per prompt of the {max_new_tokens} asked: "
+            f"most prompts stopped at a stop token, so these speeds cover few tokens. An instruct model wants its "
+            f"chat template (\"chat\": true in the --prompts file)")
+
+
 def markdown(rows: list[dict], peers: list[dict], meta: dict) -> str:
+    short = short_outputs(rows, meta["max_new_tokens"])
     lines = [f"Measured {meta['date']} on {meta['machine']} ({meta['threads']} threads), "
              f"{meta['prompts']} prompts x {meta['max_new_tokens']} new tokens, one run (ratios are within-run).", "",
+             *([short, ""] if short else []),
              *([meta["exactness"], ""] if meta.get("exactness") else []),
              "| runtime | precision | T | k | plain tok/s | spec tok/s | speedup | tau | acceptance by position | "
              "time split spec (drafter/target/python) | python share plain | drafter step / target step | "
@@ -386,6 +404,9 @@ def report(args, rows: list[dict], peers: list[dict], n_prompts: int, exactness:
               f"({r['greedy_exact_prompts']}/{r['prompts']} prompts identical)", file=sys.stderr)
     if host_exact is False:
         print(f"warning: {exactness}", file=sys.stderr)
+    short = short_outputs(rows, args.max_new_tokens)
+    if short:
+        print(short, file=sys.stderr)
     print(summary(rows, peers))
     if args.require_exact and (inexact or host_exact is False):
         print("error: greedy exactness did not hold on this host (--require-exact)", file=sys.stderr)
