@@ -24,7 +24,8 @@ inputs, places new rows into their slots by data movement and attends over the s
      verify row and a decode step then see the same quantized values (per-length calibration would give them
      different scales, and greedy speculative output would drift from plain);
   4. `get_qnn_qdq_config` + `quantize` (16-bit activations / 8-bit weights by default, the target's q / k / v
-     weights at 16 bits: `WIDE_WEIGHTS`; 8a8w as an option) ->
+     weights at 16 bits: `WIDE_WEIGHTS`, and every linear of the few layers whose 8-bit weights cost the model
+     most on the calibration sequences: `qnn_sensitivity`; 8a8w as an option) ->
      `qnn/<graph>.qdq.onnx`: portable (any SoC, and the CPU provider's reference run);
   5. `ort.ModelCompiler` on the QNN EP for the SoC (CPU fallback disabled) -> `qnn/<graph>.ctx.onnx`: one
      EPContext node holding the context binary (what the phone loads without re-preparing the graph). The export
@@ -74,6 +75,7 @@ from edge_spec.exporters import static
 from edge_spec.exporters import qnn_position0
 from edge_spec.exporters.qnn_norms import fuse_rms_norms
 from edge_spec.exporters.qnn_calibration import calibrate, merged_ranges, moved_from, tensor_ranges, with_headroom
+from edge_spec.exporters.qnn_sensitivity import BUDGET, GAIN, candidates, choose, graph_name, linear_gains
 from edge_spec.runtimes.fixed import keep_name, pass_lengths, slot_index_name
 from edge_spec.logs import quiet
 from edge_spec.contract.manifest import GraphEntry
@@ -150,7 +152,8 @@ def linears_as_conv(path: Path) -> int:
 # weights): 8 bits there cost most of what the weights lose. SmolLM2's CPU QDQ graph (one 3-row target graph),
 # teacher-forced top-1 on 12 held-out everyday answers (scripts/qnn_activation_ablation.py, 2026-12-06): every
 # linear 8-bit 0.938; q / k / v 16-bit 0.953; + down 0.935; + gate / up 0.945; every linear 16-bit 0.956
-# (docs/android-qnn.md).
+# (docs/android-qnn.md). Beyond this class, the few linears (and the head) whose 8-bit weights cost the model most are
+# found per model at export (`qnn_sensitivity`, after calibration) and kept at 16 bits too.
 WIDE_WEIGHTS = ("q_proj", "k_proj", "v_proj")
 
 
@@ -364,7 +367,7 @@ def export_steps(with_drafter: bool, max_draft_len: int | None = None, max_pass:
     lengths = len(target_lengths(graphs, k, max_pass or max(kv.DEFAULT_MAX_PASS, k + 1)))
     exports = lengths + (lengths if eagle3 else int(with_drafter))  # torch.onnx runs (an EAGLE-3 one: both graphs)
     graphs_out = lengths * (3 if eagle3 else 1) + (0 if eagle3 else int(with_drafter))  # quantized + compiled each
-    return COMMON_STEPS + exports + 1 + 2 * graphs_out + 1 + 1 + (position0 == "table")
+    return COMMON_STEPS + exports + 1 + 1 + 2 * graphs_out + 1 + 1 + (position0 == "table")
 
 
 GRAPHS = ("two", "every")  # --qnn-graphs: which fixed pass lengths get a target graph (`target_lengths`)
@@ -456,7 +459,18 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
         linears_as_conv(fp32[DRAFTER_GRAPH])
         fuse_rms_norms(fp32[DRAFTER_GRAPH])
     step("calibrating on the bench prompts (fp32 graphs, CPU)")
-    feeds = calibrate(job, fp32, lengths, slots, host_sink, eagle3)
+    feeds, sequences = calibrate(job, fp32, lengths, slots, host_sink, eagle3)
+    wide, sensitivity = WIDE_WEIGHTS, None
+    if job.precision == "16a8w":  # the linears whose 8-bit weights cost most keep 16 bits (qnn_sensitivity: why)
+        step("measuring which linears keep 16-bit weights (eager, one at a time)")
+        recipe, with_16 = linear_gains(model, sequences, WIDE_WEIGHTS)
+        chosen = choose(recipe, with_16, candidates(model, WIDE_WEIGHTS), sum(p.numel() for p in model.parameters()),
+                        GAIN, BUDGET)
+        wide += tuple(graph_name(n) for n in chosen)
+        sensitivity = {"kl_8bit": recipe, "kl_16bit_alone": with_16, "chosen": list(chosen), "gain": GAIN,
+                       "budget": BUDGET}
+    else:
+        step(f"{job.precision}: every weight at 8 bits")
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
     pre = {}
@@ -473,11 +487,12 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
             merged |= merged_ranges(pre, own, list(group.values()))
             outputs |= dict.fromkeys(group.values(), names)
     for g in fp32:
-        step(f"quantizing {g} ({job.precision})")
+        step(f"quantizing {g} ({job.precision}" + (f"; 16-bit weights: {', '.join(wide)}" if sensitivity and g in targets
+                                                    else "") + ")")
         ranges = with_headroom(merged[g], moved_from(pre[g], outputs[g])) if g in merged else None
         tables = g == DRAFTER_GRAPH or bool(eagle3 and g in eagle3.steps.values())
         quantize(pre[g], job.tmp / qdq_file(g), own[g], job.precision, ranges, tables=tables,
-                 wide=WIDE_WEIGHTS if g in targets else ())
+                 wide=wide if g in targets else ())
         step(f"compiling {g} for {soc.name} (HTP v{soc.htp_arch})")
         compile_context(job.tmp / qdq_file(g), job.tmp / ctx_file(g), soc)
     if host_sink:
@@ -492,7 +507,8 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
     chip = {"soc": soc.name, "soc_model": soc.soc_model, "htp_arch": soc.htp_arch, "quant": job.precision,
             "mask_floor": qnn_htp.MASK_FLOOR, "sdk": qnn_htp.versions(), "target_inputs": placed_in,
             "host_sink": qnn_htp.sink_file() if host_sink else None,
-            "weights16": list(WIDE_WEIGHTS) if job.precision == "16a8w" else []}  # the recipe: linears at 16 bits
+            "weights16": list(wide) if job.precision == "16a8w" else [],  # the recipe: linears at 16 bits
+            "weight_sensitivity": sensitivity}
     if position0 == "table":  # the phone bundle: position 0's rows instead of the sink, the QDQ graphs and their weights
         tokens = qnn_position0.first_tokens(job.target)
         step(f"precomputing position 0 for first tokens {tokens}")

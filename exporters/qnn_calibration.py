@@ -73,8 +73,9 @@ def calibration_tokens(target: LoadedModel, run: Session, n_prompts: int = CALIB
 
 
 def calibrate(job: bundle.ExportJob, fp32: dict[str, Path], lengths: tuple[int, ...], slots: dict[str, int],
-              host_sink: bool = True, eagle3=None):
-    """graph -> calibration feeds, gathered by running the fp32 graphs on the CPU through the bundle's own runtime.
+              host_sink: bool = True, eagle3=None) -> tuple[dict[str, list[dict]], list[list[int]]]:
+    """(graph -> calibration feeds, the token sequences they came from), the feeds gathered by running the fp32
+    graphs on the CPU through the bundle's own runtime.
     `host_sink`: position 0 runs as the runtime will run it, outside the quantized graphs (not recorded).
     `eagle3` (exporters/qnn.Eagle3Graphs): the drafter's step and fc graphs, run by runtimes/fixed_eagle3.py. Its
     first row reads the target's aux states at position 0, which the host sink computes in float: there an attention
@@ -117,7 +118,7 @@ def calibrate(job: bundle.ExportJob, fp32: dict[str, Path], lengths: tuple[int, 
                 drafter.begin(session.length, session.state.drafter_masks(), session.length)
                 step = drafter.step(tokens[min(start + t, len(tokens)) - 1], out.hidden[-1])
                 drafter.step(int(step.token_ids[np.argmax(step.logits)]), step.hidden)
-    return {g: r.sample() for g, r in rec.items()}
+    return {g: r.sample() for g, r in rec.items()}, sequences
 
 
 def tensor_ranges(path: Path, feeds: list[dict]) -> dict[str, tuple[float, float]]:

@@ -6,7 +6,9 @@ variant gains much is where the activations lose; "all" (every activation float:
 "none" (the bundle as it is) bound the table.
 
     .venv/bin/python scripts/qnn_activation_ablation.py B --export [--without rope calibration]  # QDQ graphs only
-    .venv/bin/python scripts/qnn_activation_ablation.py B [--classes none all norm ...] [--prompts 8] [--sink fp32]
+    .venv/bin/python scripts/qnn_activation_ablation.py B --export --eight-bit-rest  # without qnn_sensitivity's choice
+    .venv/bin/python scripts/qnn_activation_ablation.py B [--classes none all norm ...] [--prompts 8] [--tokens 32]
+        [--sink fp32]
 
 --export writes a QNN bundle of the target alone without context binaries (the CPU provider reads only the QDQ
 graphs): ~10 min for SmolLM2 on 2 cores. One JSON line per variant.
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import torch
 
 HELDOUT = Path(__file__).resolve().parents[1] / "edge_spec/assets/prompts/heldout_everyday.jsonl"
 ANSWER_TOKENS = 32
@@ -84,9 +87,11 @@ def variant_bundle(bundle: Path, work: Path, keep_float) -> tuple[Path, int]:
     return out, n
 
 
-def answers(target, prompts: list[str], layout) -> list[tuple[list[int], list[int]]]:
-    """Eager fp32's greedy answer (ANSWER_TOKENS tokens) to each chat prompt: [(prompt ids, answer ids)]."""
-    from qnn_bundle_quality import greedy
+def answers(target, prompts: list[str], layout, tokens: int = ANSWER_TOKENS) -> list[tuple[list[int], list[int],
+                                                                                         np.ndarray]]:
+    """Eager fp32's greedy answer (`tokens` tokens) to each chat prompt and its logits over the answer positions,
+    teacher-forced in the bundle's pass length: [(prompt ids, answer ids, logits [tokens, V])]."""
+    from qnn_bundle_quality import greedy, passes
 
     from edge_spec.contract.backend import Session
     from edge_spec.runtimes.torch import TorchBackend
@@ -94,7 +99,9 @@ def answers(target, prompts: list[str], layout) -> list[tuple[list[int], list[in
     out = []
     for p in prompts:
         ids = target.tokenizer.encode_prompt(p, chat=True)
-        out.append((ids, greedy(Session(TorchBackend(target.model, layout)), ids, ANSWER_TOKENS, layout.max_pass)))
+        answer = greedy(Session(TorchBackend(target.model, layout)), ids, tokens, layout.max_pass)
+        logits = passes(Session(TorchBackend(target.model, layout)), ids + answer, layout.max_pass)[len(ids) - 1:-1]
+        out.append((ids, answer, logits))
     return out
 
 
@@ -125,27 +132,29 @@ def fp32_sink(engine, target) -> None:
 
 
 def score(bundle: Path, data, target=None) -> dict:
-    """Top-1 of the bundle's CPU QDQ graphs, teacher-forced, on the answer tokens (`target`: position 0 from eager
-    fp32, `fp32_sink`)."""
+    """Top-1 of the bundle's CPU QDQ graphs, teacher-forced, on the answer tokens, and the mean KL(eager fp32 ||
+    bundle) over the same positions (`target`: position 0 from eager fp32, `fp32_sink`)."""
     from qnn_bundle_quality import passes
 
     from edge_spec.api import load_bundle
+    from edge_spec.exporters.qnn_sensitivity import mean_kl
 
     engine = load_bundle(bundle, provider="cpu", host_check=False)
     if target is not None:
         fp32_sink(engine, target)
     t = engine.session.state.layout.max_pass
-    agree, n, first = 0, 0, []
-    for ids, answer in data:
+    agree, n, kl, first = 0, 0, 0.0, []
+    for ids, answer, ref in data:
         engine.session.reset()
         a = passes(engine.session, ids + answer, t)[len(ids) - 1:-1]
         hit = a.argmax(-1) == np.array(answer)
         agree, n = agree + int(hit.sum()), n + len(answer)
+        kl += mean_kl(torch.from_numpy(ref), torch.from_numpy(a)) * len(answer)
         first.append(int(np.argmin(hit)) if not hit.all() else None)
-    return {"top1": round(agree / n, 4), "positions": n, "first_miss": first}
+    return {"top1": round(agree / n, 4), "kl": round(kl / n, 5), "positions": n, "first_miss": first}
 
 
-def export(out: Path, without: list[str]) -> None:
+def export(out: Path, without: list[str], eight_bit_rest: bool = False) -> None:
     """SmolLM2's QNN bundle, target alone, QDQ graphs only (one graph of 3 rows). `without`: recipe steps of
     2026-12-06 turned off by patching the exporter ("rope": the angle computed in the graph; "calibration": the
     first 2 bench prompts, 48 tokens, 12 feeds per graph)."""
@@ -154,7 +163,9 @@ def export(out: Path, without: list[str]) -> None:
     from edge_spec.model.ops import SPELLED_GELU
 
     saved = qnn.compile_context, qnn.TableRopeOps, qnn_calibration.CALIBRATION_PROMPTS, \
-        qnn_calibration.CALIBRATION_TOKENS, qnn_calibration.MAX_SAMPLES
+        qnn_calibration.CALIBRATION_TOKENS, qnn_calibration.MAX_SAMPLES, qnn.GAIN
+    if eight_bit_rest:
+        qnn.GAIN = float("inf")  # no linear cuts that much: none chosen
     qnn.compile_context = lambda *args: None  # the CPU provider reads only the QDQ graphs
     if "rope" in without:
         qnn.TableRopeOps = lambda rows: SPELLED_GELU
@@ -168,7 +179,7 @@ def export(out: Path, without: list[str]) -> None:
               flush=True)
     finally:
         (qnn.compile_context, qnn.TableRopeOps, qnn_calibration.CALIBRATION_PROMPTS, qnn_calibration.CALIBRATION_TOKENS,
-         qnn_calibration.MAX_SAMPLES) = saved
+         qnn_calibration.MAX_SAMPLES, qnn.GAIN) = saved
         qnn_calibration.calibration_tokens.__defaults__ = (saved[2],)
 
 
@@ -182,16 +193,19 @@ def main() -> None:
                         help="position 0 through the bundle's host sink or from eager fp32 (`fp32_sink`)")
     parser.add_argument("--classes", nargs="+", default=list(CLASSES), choices=list(CLASSES))
     parser.add_argument("--prompts", type=int, default=8, help="held-out everyday prompts (of 12)")
+    parser.add_argument("--tokens", type=int, default=ANSWER_TOKENS, help="answer tokens per prompt")
+    parser.add_argument("--eight-bit-rest", action="store_true", help="with --export: every weight but q / k / v at 8 "
+                        "bits (the recipe before exporters/qnn_sensitivity.py)")
     args = parser.parse_args()
     if args.export:
-        export(args.bundle, args.without)
+        export(args.bundle, args.without, args.eight_bit_rest)
     from edge_spec.api import load_bundle
     from edge_spec.loading import checkpoints
     from edge_spec.train.evaluate import read_prompts
 
     layout = load_bundle(args.bundle, provider="cpu", host_check=False).session.state.layout
     target = checkpoints.load("smollm2-135m")
-    data = answers(target, [p["prompt"] for p in read_prompts(HELDOUT)[:args.prompts]], layout)
+    data = answers(target, [p["prompt"] for p in read_prompts(HELDOUT)[:args.prompts]], layout, args.tokens)
     with tempfile.TemporaryDirectory(prefix="qnn-ablation-", dir=args.bundle.parent) as work:
         for name in args.classes:
             folder, n = variant_bundle(args.bundle, Path(work), CLASSES[name])

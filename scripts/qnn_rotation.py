@@ -104,6 +104,49 @@ class StreamGrid:
         return (rounded,)
 
 
+def heldout_answers(n_prompts: int, tokens: int, threads: int = 2):
+    """(fp32 transformers SmolLM2, our tokenizer, prompt ids, prompt + fp32's greedy answer ids, calibration ids: the
+    9 bench prompts' first 64 tokens) for the first `n_prompts` held-out everyday chat prompts."""
+    from pathlib import Path
+
+    from transformers import LlamaForCausalLM
+
+    from edge_spec.api import load
+    from edge_spec.benchmark.bench import DEFAULT_PROMPTS
+    from edge_spec.loading import checkpoints
+    from edge_spec.loading.gguf_common import cache_root
+    from edge_spec.train.evaluate import read_prompts
+
+    torch.set_num_threads(threads)
+    load("smollm2-135m", drafter=None)  # converts the built-in GGUF once
+    path = str(cache_root() / "smollm2-135m-instruct")
+    tok = checkpoints.load(path).tokenizer
+    fp32 = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    heldout = Path(__file__).resolve().parents[1] / "edge_spec/assets/prompts/heldout_everyday.jsonl"
+    prompts = [tok.encode_prompt(p["prompt"], chat=p["chat"]) for p in read_prompts(heldout)[:n_prompts]]
+    with torch.no_grad():
+        seqs = [fp32.generate(torch.tensor([p]), max_new_tokens=tokens, do_sample=False)[0].tolist()
+                for p in prompts]
+    calib = [tok.encode_prompt(p["prompt"], chat=p["chat"])[:64] for p in read_prompts(DEFAULT_PROMPTS)]
+    return fp32, tok, prompts, seqs, calib
+
+
+def answer_logits(model, fp32, prompts, seqs, sink: str) -> list[torch.Tensor]:
+    """Answer positions' logits; position 0 through fp32 (`sink` "fp32": the rotation leaves keys and values as they
+    are, so fp32's cache serves the rotated model too) or through `model` itself ("model": as the bundle's host sink
+    runs it, float activations over the quantized weights), the rest through `model`."""
+    out = []
+    with torch.no_grad():
+        for s, p in zip(seqs, prompts):
+            if sink == "model":
+                out.append(model(torch.tensor([s])).logits[0, len(p) - 1:-1])
+                continue
+            past = fp32(torch.tensor([s[:1]]), use_cache=True).past_key_values
+            rest = model(torch.tensor([s[1:]]), past_key_values=past).logits[0]
+            out.append(rest[len(p) - 2:-1])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=12)
@@ -115,42 +158,10 @@ def main() -> None:
                         help="position 0 through fp32 or through the quantized model (as the bundle's host sink)")
     parser.add_argument("--rotations", nargs="*", default=["none", "random orthogonal", "hadamard 64 x random 9"])
     args = parser.parse_args()
-    from pathlib import Path
-
-    from transformers import LlamaForCausalLM
-
-    from edge_spec.api import load
-    from edge_spec.benchmark.bench import DEFAULT_PROMPTS
-    from edge_spec.loading import checkpoints
-    from edge_spec.loading.gguf_common import cache_root
-    from edge_spec.train.evaluate import read_prompts
-
-    torch.set_num_threads(2)
-    load("smollm2-135m", drafter=None)  # converts the built-in GGUF once
-    path = str(cache_root() / "smollm2-135m-instruct")
-    tok = checkpoints.load(path).tokenizer
-    fp32 = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    heldout = Path(__file__).resolve().parents[1] / "edge_spec/assets/prompts/heldout_everyday.jsonl"
-    prompts = [tok.encode_prompt(p["prompt"], chat=p["chat"]) for p in read_prompts(heldout)[:args.prompts]]
-    with torch.no_grad():
-        seqs = [fp32.generate(torch.tensor([p]), max_new_tokens=args.tokens, do_sample=False)[0].tolist()
-                for p in prompts]
-    calib = [tok.encode_prompt(p["prompt"], chat=p["chat"])[:64] for p in read_prompts(DEFAULT_PROMPTS)]
+    fp32, tok, prompts, seqs, calib = heldout_answers(args.prompts, args.tokens)
 
     def logits(model):
-        """Answer positions' logits; position 0 through fp32 (`--sink fp32`: the rotation leaves keys and values as
-        they are, so fp32's cache serves the rotated model too) or through `model` itself (`--sink model`: as the
-        bundle's host sink runs it, float activations over the quantized weights), the rest through `model`."""
-        out = []
-        with torch.no_grad():
-            for s, p in zip(seqs, prompts):
-                if args.sink == "model":
-                    out.append(model(torch.tensor([s])).logits[0, len(p) - 1:-1])
-                    continue
-                past = fp32(torch.tensor([s[:1]]), use_cache=True).past_key_values
-                rest = model(torch.tensor([s[1:]]), past_key_values=past).logits[0]
-                out.append(rest[len(p) - 2:-1])
-        return out
+        return answer_logits(model, fp32, prompts, seqs, args.sink)
 
     ref = logits(fp32)
     n = sum(len(r) for r in ref)

@@ -34,6 +34,10 @@ SHARED_GROUPS = {"test_executorch.py": "tiny-pte", "test_executorch_lean.py": "t
                  "test_bench_native.py": "tiny-pte", "test_native_coreml.py": "tiny-pte",
                  "test_native_hardening.py": "tiny-pte", "test_serve_native.py": "tiny-pte",
                  "test_native_datastore.py": "tiny-pte"}
+# The real tier's 262k-vocabulary work (gemma-3-270m, kept by its session fixtures for the worker's life, and the
+# E2B-sized pair) runs on one worker: two such tests at once on two workers reached 14.6 + 8.3 GB of a 24 GB machine
+# (2026-12-07, one worker killed for memory). The rest of the real tier (SmolLM2, the tiny variants) runs beside it.
+VOCAB_262K_FIXTURES, VOCAB_262K_GROUP = frozenset({"gemma3_gguf", "e2b_pair"}), "vocab-262k"
 
 
 def pytest_configure(config):
@@ -57,7 +61,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
         if item.get_closest_marker("xdist_group") is None:
             name = item.path.name
-            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, name)))
+            heavy = VOCAB_262K_FIXTURES & set(getattr(item, "fixturenames", ()))
+            item.add_marker(pytest.mark.xdist_group(VOCAB_262K_GROUP if heavy else SHARED_GROUPS.get(name, name)))
 
 
 @pytest.fixture(scope="session")

@@ -329,7 +329,7 @@ def smollm2_native_pte(request, smollm2, converted):
 
 def test_smollm2_native_equals_the_python_runtime(native, smollm2, smollm2_native_pte):
     """The real model through ExecuTorch's C++ kernels: greedy plain and speculative (k = 1, 2, 4, fixed; adaptive
-    with lookup) == the Python runtime's tokens; the C++ tokenizer's chat prompt == Python's ids; tau > 1."""
+    with lookup) == the Python runtime's tokens; the C++ tokenizer's chat prompt == Python's ids; tau > 1 at fixed k."""
     ids = smollm2.tokenizer.encode_prompt("What is the capital of France?", chat=True)
     engine = load_bundle(smollm2_native_pte, threads=2)
     plain = engine.generate(ids, max_new_tokens=32, speculative=False)
@@ -337,8 +337,11 @@ def test_smollm2_native_equals_the_python_runtime(native, smollm2, smollm2_nativ
     for k in ("1", "2", "4"):
         ours = run(native, smollm2_native_pte, ids, "--spec-k", k, "--fixed-k", "--max-new-tokens", "32")
         assert ours["tokens"] == plain.tokens, f"k={k}"
+    assert ours["tau"] > 1.0  # k = 4, fixed: the drafts are the drafter's, so is tau (the answer is ~10 tokens)
+    # adaptive: the cost model picks k from measured times, so its tau varies run to run (1.0 once on 2026-12-07,
+    # when one rejected burst priced drafting out of a 10-token answer); its tokens do not
     ours = run(native, smollm2_native_pte, ids, "--spec-k", "4", "--max-new-tokens", "32")
-    assert ours["tokens"] == plain.tokens and ours["tau"] > 1.0
+    assert ours["tokens"] == plain.tokens
     done = subprocess.run([str(native / "edge-spec-run"), "--bundle", str(smollm2_native_pte), "--threads", "2",
                            "--prompt", "What is the capital of France?", "--chat", "--max-new-tokens", "32", "--json"],
                           capture_output=True, text=True, timeout=300)

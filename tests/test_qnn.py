@@ -19,6 +19,7 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+import torch
 
 from edge_spec.runtimes import qnn_htp
 from edge_spec.api import load_bundle
@@ -26,6 +27,7 @@ from edge_spec.contract.backend import Session
 from edge_spec.cli import main
 from edge_spec.errors import BundleError, ConfigError
 from edge_spec.exporters.qnn import WIDE_WEIGHTS, export_bundle, with_headroom
+from edge_spec.exporters.qnn_sensitivity import candidates, graph_name
 from edge_spec.contract.manifest import MANIFEST, read_manifest
 from edge_spec.runtimes.qnn import open_session
 from edge_spec.runtimes.torch import TorchBackend
@@ -65,7 +67,8 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
     assert fixed["lengths"] == {"5": "target_5", "9": "target_9"}  # --qnn-graphs two (default): 4 + 1 rows, prefill
     assert fixed["qnn"]["soc"] == "sm8650" and (fixed["qnn"]["soc_model"], fixed["qnn"]["htp_arch"]) == (57, 75)
     assert fixed["qnn"]["quant"] == "16a8w" and "QNN 2." in fixed["qnn"]["sdk"]
-    assert fixed["qnn"]["weights16"] == ["q_proj", "k_proj", "v_proj"]  # the recipe (exporters/qnn.WIDE_WEIGHTS)
+    chosen = fixed["qnn"]["weight_sensitivity"]["chosen"]  # the recipe: WIDE_WEIGHTS + what qnn_sensitivity chose
+    assert fixed["qnn"]["weights16"] == ["q_proj", "k_proj", "v_proj", *map(graph_name, chosen)]
     assert not m.tables and "embed_table" not in [t.name for t in m.graphs["drafter"].io.inputs]
     for graph in graph_files(llama[0]):
         ctx = onnx.load(str(llama[0] / qnn_htp.ctx_file(graph)))
@@ -87,7 +90,7 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
         for conv in convs:
             dq = producer[conv.input[1]]
             assert dq.op_type == "DequantizeLinear" and list(inits[dq.input[1]].dims) == [inits[dq.input[0]].dims[0]]
-            wide = graph != "drafter" and any(f"/{w}/" in conv.input[1] for w in ("q_proj", "k_proj", "v_proj"))
+            wide = graph != "drafter" and any(f"/{w}/" in conv.input[1] for w in fixed["qnn"]["weights16"])
             assert inits[dq.input[0]].data_type == (onnx.TensorProto.INT16 if wide else onnx.TensorProto.UINT8), \
                 conv.input[1]
         assert [i.name for i in qdq.graph.input][:2] == (["input_ids", "position_ids"] if graph != "drafter"
@@ -105,8 +108,8 @@ def test_bundle_records_soc_quant_and_one_context_binary_per_graph(llama):
 def test_the_qdq_graphs_and_the_sink_store_their_weights_once(llama):
     """Every initializer of >= 1 KB of the QDQ graphs and the sink lives in qnn/weights.data, each distinct tensor
     once; the graphs load it by offset (the CPU-provider and host-sink tests run through them). One byte per weight:
-    the target's parameters with its input table and its q / k / v projections at 16 bits (exporters/qnn.quantize and
-    WIDE_WEIGHTS: why), its tied table once more (the head's 8-bit per-channel copy), the drafter's own parameters and
+    the target's parameters with its input table, its q / k / v projections and the linears qnn_sensitivity chose at 16
+    bits (exporters/qnn.quantize and WIDE_WEIGHTS: why), its tied table once more (the head's 8-bit per-channel copy), the drafter's own parameters and
     its 8-bit copy of the table, nothing else."""
     from edge_spec.exporters.qnn import SHARED_MIN_BYTES
 
@@ -126,7 +129,9 @@ def test_the_qdq_graphs_and_the_sink_store_their_weights_once(llama):
     assert 0 < data.stat().st_size < before / 2, (data.stat().st_size, before)
     _, target, drafter = llama
     cfg = target.config
-    wide = sum(p.numel() for n, p in target.model.named_parameters() if any(f"{w}." in n for w in WIDE_WEIGHTS))
+    chosen = read_manifest(llama[0]).graphs["target"].fixed["qnn"]["weight_sensitivity"]["chosen"]
+    wide = sum(p.numel() for n, p in target.model.named_parameters() if any(f"{w}." in n for w in WIDE_WEIGHTS)) + \
+        sum(candidates(target.model, WIDE_WEIGHTS)[n] for n in chosen)  # the second byte of every 16-bit weight
     assert wide > 0
     weights = sum(p.numel() for p in target.model.parameters()) + cfg.vocab_size * cfg.hidden_size * \
         (2 + cfg.tie_word_embeddings) + sum(p.numel() for p in drafter.parameters()) + wide
@@ -551,6 +556,34 @@ def test_8a8w_within_its_bound_and_exact(llama, tmp_path):
     cpu.session.reset()
     plain = cpu.generate(ids[:6], max_new_tokens=10, speculative=False)
     assert cpu.generate(ids[:6], max_new_tokens=10, spec_k=2, lookup=False).tokens == plain.tokens
+
+
+def test_a_linear_whose_8_bit_weights_lose_keeps_16_bits(tiny_llama, tmp_path, monkeypatch):
+    """exporters/qnn_sensitivity in the export: one large weight per output row of layer 1's down_proj blows its 8-bit
+    rows' grids; the export measures it on its calibration sequences, keeps that linear at 16 bits in the target
+    graphs (int16 Conv weights there, uint8 in the other MLP linears) and records the choice and its KL figures.
+    (`GAIN` raised: the tiny llama's random linears each cut a larger share of its KL than a trained model's do.)"""
+    import edge_spec.exporters.qnn as qnn_exporter
+    from edge_spec.loading import checkpoints
+
+    target = checkpoints.load(str(tiny_llama[0]))
+    with torch.no_grad():
+        down = target.model.model.layers[1].mlp.down_proj.weight  # [hidden, inter]
+        down[:, 0] = 40.0 * down.abs().max()
+    monkeypatch.setattr(qnn_exporter, "GAIN", 0.45)
+    out = export_bundle(target, tmp_path / "wide", drafter=None, max_context=32, max_draft_len=2, max_pass=3)
+    chip = read_manifest(out).graphs["target"].fixed["qnn"]
+    found = chip["weight_sensitivity"]
+    assert chip["weights16"] == [*WIDE_WEIGHTS, "layers.1/mlp/down_proj"], found
+    assert min(found["kl_16bit_alone"], key=found["kl_16bit_alone"].get) == "model.layers.1.mlp.down_proj"
+    assert found["kl_16bit_alone"]["model.layers.1.mlp.down_proj"] < 0.5 * found["kl_8bit"]
+    qdq = onnx.load(str(out / qnn_htp.qdq_file("target_3")), load_external_data=False)
+    types = {i.name: i.data_type for i in qdq.graph.initializer if i.name.endswith("conv.weight_quantized")}
+    wide = [t for n, t in types.items() if "/layers.1/mlp/down_proj/" in n]
+    narrow = [t for n, t in types.items() if "/mlp/" in n and "/layers.1/mlp/down_proj/" not in n]
+    assert wide == [onnx.TensorProto.INT16] and len(narrow) == 8 and set(narrow) == {onnx.TensorProto.UINT8}, types
+    engine = load_bundle(out, provider="cpu")  # the host check passes
+    assert len(engine.generate(prompt_ids(8, seed=4), max_new_tokens=4, speculative=False).tokens) == 4
 
 
 def test_a_smaller_context_runs_on_the_same_graphs(llama):
