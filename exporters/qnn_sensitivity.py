@@ -24,6 +24,7 @@ import torch
 GAIN = 0.05  # a linear is widened when its weights alone at 16 bits cut the recipe's KL by at least this share
 BUDGET = 0.25  # the widened linears' second bytes, at most this share of the target's parameters (SmolLM2: 34 MB)
 HEAD = "lm_head"
+LOGITS_PER_BATCH = 1 << 26  # logits per eager pass (256 MB in fp32: a 262k-vocabulary head takes 4 sequences of 64)
 
 
 def fake_quant(w: torch.Tensor, bits: int) -> torch.Tensor:
@@ -81,7 +82,9 @@ def linear_gains(model, sequences: list[list[int]], wide: tuple[str, ...]) -> tu
     linears = _linears(model)
     saved = {n: m.weight.detach().clone() for n, m in linears.items()}
     head = model.lm_head
-    batches = [torch.tensor([s for s in sequences if len(s) == n]) for n in sorted({len(s) for s in sequences})]
+    rows = max(1, LOGITS_PER_BATCH // (max(map(len, sequences)) * head.out_features))  # sequences per pass
+    same = [[s for s in sequences if len(s) == n] for n in sorted({len(s) for s in sequences})]
+    batches = [torch.tensor(group[i:i + rows]) for group in same for i in range(0, len(group), rows)]
     refs = [sequence_logits(model, ids) for ids in batches]  # fp32, [B, T, V] per length
     quantized_head = torch.nn.Linear(head.in_features, head.out_features, bias=False)
     quantized_head.weight = torch.nn.Parameter(fake_quant(head.weight.detach(), 8), requires_grad=False)

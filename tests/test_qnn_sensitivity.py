@@ -77,3 +77,16 @@ def test_sequence_logits_match_transformers(tiny, tiny_llama):
     with torch.no_grad():
         oracle = tiny_llama[1](torch.tensor([ids])).logits[0]
     torch.testing.assert_close(sequence_logits(tiny.model, torch.tensor([ids]))[0], oracle, atol=1e-4, rtol=1e-4)
+
+
+def test_passes_split_to_bound_the_logits_give_the_same_figures(tiny, monkeypatch):
+    """A 262k-vocabulary head scores a few sequences per pass (`LOGITS_PER_BATCH`); the figures do not depend on it."""
+    import edge_spec.exporters.qnn_sensitivity as sensitivity
+
+    rng = np.random.default_rng(1)
+    sequences = [rng.integers(4, tiny.model.cfg.vocab_size, n).tolist() for n in (16, 16, 16, 9)]
+    whole = linear_gains(tiny.model, sequences, WIDE_WEIGHTS)
+    monkeypatch.setattr(sensitivity, "LOGITS_PER_BATCH", 1)  # one sequence per pass
+    split = linear_gains(tiny.model, sequences, WIDE_WEIGHTS)
+    assert split[0] == pytest.approx(whole[0], rel=1e-4)
+    assert split[1] == pytest.approx(whole[1], rel=1e-4)
