@@ -44,6 +44,7 @@ CLASSES = {
     "attn": lambda name: "self_attn" in name,
     "mlp": lambda name: "/mlp/" in name,
     "mlp_act": lambda name: "/mlp/" in name and re.search(r"/(Sigmoid|Mul)[^/]*$", name) is not None,
+    "mlp_down_in": lambda name: re.search(r"/mlp/(Mul_1_output_0|down_proj/MatMul\.conv\.x)", name) is not None,
     "logits": lambda name: name.startswith(("logits", "hidden")) or "lm_head" in name,
     "cache": lambda name: name.startswith(("k_cache", "v_cache", "k_new", "v_new")),
     "other": lambda name: not any(CLASSES[c](name) for c in ("norm", "residual", "attn", "mlp", "logits", "cache")),
