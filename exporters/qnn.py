@@ -74,7 +74,8 @@ from edge_spec.errors import ConfigError, ExportError
 from edge_spec.exporters import static
 from edge_spec.exporters import qnn_position0
 from edge_spec.exporters.qnn_norms import fuse_rms_norms
-from edge_spec.exporters.qnn_calibration import calibrate, merged_ranges, moved_from, tensor_ranges, with_headroom
+from edge_spec.exporters.qnn_calibration import (DOWN_IN_HEADROOM, OUTPUT_HEADROOM, calibrate, down_proj_inputs,
+                                                 merged_ranges, moved_from, tensor_ranges, with_headroom)
 from edge_spec.exporters.qnn_sensitivity import BUDGET, GAIN, candidates, choose, graph_name, linear_gains
 from edge_spec.runtimes.fixed import keep_name, pass_lengths, slot_index_name
 from edge_spec.logs import quiet
@@ -490,6 +491,8 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
         step(f"quantizing {g} ({job.precision}" + (f"; 16-bit weights: {', '.join(wide)}" if sensitivity and g in targets
                                                     else "") + ")")
         ranges = with_headroom(merged[g], moved_from(pre[g], outputs[g])) if g in merged else None
+        if g in targets:  # the MLPs' gated products: held-out text overruns their calibrated ranges (DOWN_IN_HEADROOM)
+            ranges = with_headroom(ranges, down_proj_inputs(pre[g]), DOWN_IN_HEADROOM)
         tables = g == DRAFTER_GRAPH or bool(eagle3 and g in eagle3.steps.values())
         quantize(pre[g], job.tmp / qdq_file(g), own[g], job.precision, ranges, tables=tables,
                  wide=wide if g in targets else ())
@@ -508,7 +511,8 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
             "mask_floor": qnn_htp.MASK_FLOOR, "sdk": qnn_htp.versions(), "target_inputs": placed_in,
             "host_sink": qnn_htp.sink_file() if host_sink else None,
             "weights16": list(wide) if job.precision == "16a8w" else [],  # the recipe: linears at 16 bits
-            "weight_sensitivity": sensitivity}
+            "weight_sensitivity": sensitivity,
+            "headroom": {"outputs": OUTPUT_HEADROOM, "down_proj_input": DOWN_IN_HEADROOM}}
     if position0 == "table":  # the phone bundle: position 0's rows instead of the sink, the QDQ graphs and their weights
         tokens = qnn_position0.first_tokens(job.target)
         step(f"precomputing position 0 for first tokens {tokens}")

@@ -37,6 +37,16 @@ MIN_SAMPLES = 12  # ... and at least this many per graph
 # calibrated maximum clips, and clipped top logits tie, so the argmax can change (a 16-bit range twice as wide gives
 # up one bit of resolution the logits do not need; measured on the tiny llama: top logit 1.14, calibrated max 0.84)
 OUTPUT_HEADROOM = 2.0
+# each MLP's down_proj input (the gated product SiLU(gate) x up, one 16-bit range per tensor) gets its calibrated range
+# widened this many times about its middle: held-out text overruns a range calibrated on 576 positions, and a clipped
+# product is the one activation error SmolLM2 pays for. Eager, held-out everyday answers, 1,075 positions
+# (scripts/qnn_down_in.py, 2026-12-07): KL(fp32 || quantized) 0.00141 with the weights alone, 0.00308 with that input
+# on its min / max grid (202 values clipped, nothing lost where none clip), 0.00142 / 0.00143 / 0.00147 / 0.00241
+# with it widened x1.5 / 2 / 4 / 16 (0 clipped from x2: the grid's own rounding costs nothing until x16). In the
+# bundle (CPU QDQ, 1,152 positions): mean KL 0.01369 -> 0.00735 and top-1 0.952 -> 0.960, what floating it gives.
+# Widening every activation instead broke the model (top-1 0.80: the exact 0 / 1 `keep` and mask inputs and the
+# normed linear inputs lose resolution they need): headroom goes where clipping was measured, not everywhere.
+DOWN_IN_HEADROOM = 2.0
 
 
 # ---- ------------------------------------------------------------------------------------
@@ -240,6 +250,14 @@ def with_headroom(ranges: dict[str, tuple[float, float]], names: tuple[str, ...]
 # data movement: QNN keeps the input's encoding (Gather / Slice: rows picked out of a tensor, e.g. an EAGLE-3 step's
 # last row of draft logits; without them its headroom missed the head's output and its top logits clipped)
 MOVES = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice")
+
+
+def down_proj_inputs(path: Path) -> tuple[str, ...]:
+    """Each MLP's down_proj input in the model at `path` (the 1x1 Conv of `qnn.linears_as_conv` whose weight sits under
+    "/mlp/down_proj/") and the tensors it was moved from, back to the product computing it (`moved_from`)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return moved_from(path, tuple(n.input[0] for n in graph.node if n.op_type == "Conv" and len(n.input) > 1
+                                  and "/mlp/down_proj/" in n.input[1]))
 
 
 def moved_from(path: Path, names: tuple[str, ...]) -> tuple[str, ...]:

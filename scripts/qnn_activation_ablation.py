@@ -45,6 +45,9 @@ CLASSES = {
     "mlp": lambda name: "/mlp/" in name,
     "mlp_act": lambda name: "/mlp/" in name and re.search(r"/(Sigmoid|Mul)[^/]*$", name) is not None,
     "mlp_down_in": lambda name: re.search(r"/mlp/(Mul_1_output_0|down_proj/MatMul\.conv\.x)", name) is not None,
+    "linear_in": lambda name: re.search(r"MatMul\.conv\.x$|/mlp/Mul_1_output_0$", name) is not None,
+    "linear_out": lambda name: re.search(r"(MatMul\.conv\.y|/MatMul_output_0)$", name) is not None,
+    "mlp_sigmoid": lambda name: "/mlp/Sigmoid" in name,
     "logits": lambda name: name.startswith(("logits", "hidden")) or "lm_head" in name,
     "cache": lambda name: name.startswith(("k_cache", "v_cache", "k_new", "v_new")),
     "other": lambda name: not any(CLASSES[c](name) for c in ("norm", "residual", "attn", "mlp", "logits", "cache")),
@@ -67,8 +70,31 @@ def floated(qdq: Path, out: Path, keep_float) -> int:
     return len(quantized)
 
 
-def variant_bundle(bundle: Path, work: Path, keep_float) -> tuple[Path, int]:
-    """A copy of `bundle` (links) whose target QDQ graphs float the tensors `keep_float` names."""
+def widened(qdq: Path, out: Path, match, factor: float) -> int:
+    """`qdq` with the 16-bit range of each activation whose tensor name satisfies `match` widened `factor` times about
+    its middle (scale x factor, the zero point moved to keep the middle): fewer values clip, the grid is coarser."""
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(qdq), load_external_data=False)
+    graph = proto.graph
+    inits = {i.name: i for i in graph.initializer}
+    params = {(n.input[1], n.input[2]) for n in graph.node
+              if n.op_type == "QuantizeLinear" and n.input[0] not in inits and match(n.input[0])}
+    for scale_name, zero_name in params:
+        scale, zero = numpy_helper.to_array(inits[scale_name]), numpy_helper.to_array(inits[zero_name])
+        top = np.iinfo(zero.dtype).max
+        middle = (top / 2 - zero.astype(np.float64)) * scale  # the range's middle in real units
+        new_scale = (scale * factor).astype(scale.dtype)
+        new_zero = np.clip(np.round(top / 2 - middle / new_scale), 0, top).astype(zero.dtype)
+        inits[scale_name].CopyFrom(numpy_helper.from_array(new_scale, scale_name))
+        inits[zero_name].CopyFrom(numpy_helper.from_array(new_zero, zero_name))
+    onnx.save(proto, str(out))
+    return len(params)
+
+
+def variant_bundle(bundle: Path, work: Path, keep_float, factor: float | None = None) -> tuple[Path, int]:
+    """A copy of `bundle` (links) whose target QDQ graphs float the tensors `keep_float` names (or, with `factor`,
+    widen their ranges: `widened`)."""
     from edge_spec.contract.manifest import MANIFEST, sha256_file
     from edge_spec.runtimes import qnn_htp
 
@@ -79,7 +105,7 @@ def variant_bundle(bundle: Path, work: Path, keep_float) -> tuple[Path, int]:
     manifest = json.loads((out / MANIFEST).read_text())
     for qdq in sorted((out / qnn_htp.QNN_DIR).glob("target_*.qdq.onnx")):
         tmp = qdq.with_suffix(".tmp")
-        n = floated(qdq, tmp, keep_float)
+        n = floated(qdq, tmp, keep_float) if factor is None else widened(qdq, tmp, keep_float, factor)
         qdq.unlink()
         tmp.rename(qdq)
         manifest["files"][str(qdq.relative_to(out))] = {"sha256": sha256_file(qdq), "bytes": qdq.stat().st_size}
@@ -195,6 +221,8 @@ def main() -> None:
     parser.add_argument("--classes", nargs="+", default=list(CLASSES), choices=list(CLASSES))
     parser.add_argument("--prompts", type=int, default=8, help="held-out everyday prompts (of 12)")
     parser.add_argument("--tokens", type=int, default=ANSWER_TOKENS, help="answer tokens per prompt")
+    parser.add_argument("--widen", type=float, help="instead of floating each class, widen its 16-bit ranges this "
+                        "many times about their middle (`widened`)")
     parser.add_argument("--eight-bit-rest", action="store_true", help="with --export: every weight but q / k / v at 8 "
                         "bits (the recipe before exporters/qnn_sensitivity.py)")
     args = parser.parse_args()
@@ -209,8 +237,9 @@ def main() -> None:
     data = answers(target, [p["prompt"] for p in read_prompts(HELDOUT)[:args.prompts]], layout, args.tokens)
     with tempfile.TemporaryDirectory(prefix="qnn-ablation-", dir=args.bundle.parent) as work:
         for name in args.classes:
-            folder, n = variant_bundle(args.bundle, Path(work), CLASSES[name])
-            print(json.dumps({"float": name, "pairs_per_graph": n, "sink": args.sink,
+            folder, n = variant_bundle(args.bundle, Path(work), CLASSES[name], args.widen)
+            print(json.dumps({"float" if args.widen is None else f"widen x{args.widen}": name, "pairs_per_graph": n,
+                              "sink": args.sink,
                               **score(folder, data, target if args.sink == "fp32" else None)}), flush=True)
 
 

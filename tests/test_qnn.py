@@ -335,6 +335,50 @@ def test_the_outputs_ranges_get_headroom_about_their_middle():
     assert out == {"logits": (-1.5, 2.5), "hidden": (-4.0, 4.0), "x": (0.0, 1.0)} and ranges["logits"] == (-0.5, 1.5)
 
 
+def test_the_mlps_gated_products_get_headroom_and_nothing_else_does(tiny_llama, tmp_path, monkeypatch):
+    """Each down_proj input (the Conv's input and the product it was reshaped from) leaves the export with its merged
+    calibrated range widened DOWN_IN_HEADROOM times, in every target graph and into the QDQ graph's encoding; every
+    other activation keeps its merged range (the outputs aside: their own headroom)."""
+    import edge_spec.exporters.qnn as qnn_exporter
+    from edge_spec.exporters.qnn_calibration import DOWN_IN_HEADROOM, down_proj_inputs
+    from edge_spec.loading import checkpoints
+
+    merged, given = {}, {}
+    real_merged, real_quantize = qnn_exporter.merged_ranges, qnn_exporter.quantize
+
+    def spy_merged(pre, own, shared):
+        out = real_merged(pre, own, shared)
+        merged.update(out)
+        return out
+
+    def spy_quantize(pre, out, own, scheme, ranges, **kwargs):
+        given[pre.name.split(".")[0]] = (down_proj_inputs(pre), ranges)  # the graph is gone after the export
+        return real_quantize(pre, out, own, scheme, ranges, **kwargs)
+
+    monkeypatch.setattr(qnn_exporter, "merged_ranges", spy_merged)
+    monkeypatch.setattr(qnn_exporter, "quantize", spy_quantize)
+    target = checkpoints.load(str(tiny_llama[0]))
+    out = export_bundle(target, tmp_path / "b", drafter=None, max_context=32, max_draft_len=2, max_pass=3)
+    assert read_manifest(out).graphs["target"].fixed["qnn"]["headroom"]["down_proj_input"] == DOWN_IN_HEADROOM
+    for graph in read_manifest(out).graphs["target"].fixed["lengths"].values():
+        products, ranges = given[graph]
+        layers = len(target.model.model.layers)
+        assert len(products) == 2 * layers and sum(n.endswith("conv.x") for n in products) == layers, products
+        widened = with_headroom(merged[graph], products, DOWN_IN_HEADROOM)
+        outputs = {"logits", "hidden"}
+        for name, r in ranges.items():
+            if not any(name.startswith(o) or "lm_head" in name for o in outputs):
+                assert r == widened[name], name
+        qdq = onnx.load(str(out / qnn_htp.qdq_file(graph)), load_external_data=False)
+        inits = {i.name: i for i in qdq.graph.initializer}
+        scales = [(n.input[0], n.input[1]) for n in qdq.graph.node
+                  if n.op_type == "QuantizeLinear" and n.input[0] in products]
+        assert len(scales) == 2 * layers and len({s for _, s in scales}) == layers, scales  # one encoding per layer
+        for name, scale in scales:
+            lo, hi = merged[graph][name]
+            assert float(onnx.numpy_helper.to_array(inits[scale])) == pytest.approx(DOWN_IN_HEADROOM * (hi - lo) / 65535, rel=1e-3)
+
+
 def _scaled_graph(path, constants):
     """y = (x * a) / b + x * a2: `constants` names the Constant nodes feeding Mul, Div and the second Mul, in the order
     they are written - one name for two of them is one deduplicated constant (torch.onnx's naming at another T)."""
