@@ -285,7 +285,10 @@ def test_gemma3_shared_long_heads_cap_the_passes_that_cross_the_scoring_edge(tmp
     session = load_bundle(folder, threads=2, host_check=False).session
     ids = prompt_ids(150, seed=4)
     crossing = ((55, 9), (60, 4), (62, 2))
-    assert differing_windows(session, ids, crossing) == list(crossing)  # uncapped passes across the edge differ
+    # uncapped passes across the edge differ where the CPU's sgemm blocks the sum there (AVX-512 EPYC and Xeon); an
+    # AVX2 EPYC (2026-12-07 night) summed both the same, and then there is nothing for the cap to fix, only to keep
+    differ = differing_windows(session, ids, crossing)
+    assert differ in ([], list(crossing)), differ
     assert differing_windows(session, ids, ((54, 9), (61, 2), (63, 4), (120, 9))) == []  # one side of it: exact
     check = hostcheck.probe(session, 320, artifact="x", runtime="ort")
     assert check.one_row_max_diff == 0.0 and check.two_row_max_diff == 0.0, check.report()
@@ -300,7 +303,8 @@ def test_gemma3_shared_long_heads_cap_the_passes_that_cross_the_scoring_edge(tmp
         assert out.tokens == expected
     monkeypatch.setattr(Session, "pass_cap", lambda self: None)
     session.min_rows = 1
-    assert hostcheck.probe(session, 320, artifact="x", runtime="ort").one_row_max_diff > 0
+    uncapped = hostcheck.probe(session, 320, artifact="x", runtime="ort").one_row_max_diff
+    assert (uncapped > 0) == bool(differ), uncapped  # the negative control, where this CPU's kernels differ
 
 
 def test_schema_1_bundles_still_load(llama, tmp_path):
