@@ -75,7 +75,7 @@ from edge_spec.exporters import static
 from edge_spec.exporters import qnn_position0
 from edge_spec.exporters.qnn_norms import fuse_rms_norms
 from edge_spec.exporters.qnn_calibration import (DOWN_IN_HEADROOM, OUTPUT_HEADROOM, calibrate, down_proj_inputs,
-                                                 merged_ranges, moved_from, tensor_ranges, with_headroom)
+                                                 merged_ranges, moved_from, with_headroom)
 from edge_spec.exporters.qnn_sensitivity import BUDGET, GAIN, candidates, choose, graph_name, linear_gains
 from edge_spec.runtimes.fixed import keep_name, pass_lengths, slot_index_name
 from edge_spec.logs import quiet
@@ -161,7 +161,7 @@ WIDE_WEIGHTS = ("q_proj", "k_proj", "v_proj")
 def quantize(pre: Path, out: Path, own: dict[str, tuple[float, float]], scheme: str, ranges: dict | None,
              tables: bool = False, wide: tuple[str, ...] = ()) -> None:
     """`pre` -> QDQ `out` (onnxruntime's QNN config, per-channel Conv weights), given its `own` calibrated ranges
-    (`qnn_calibration.tensor_ranges`, handed over as onnxruntime's calibration cache: it calibrates nothing itself) and
+    (`qnn_calibration.RangeRecorder`, handed over as onnxruntime's calibration cache: it calibrates nothing itself) and
     the `ranges` merged across the target's graphs, which override them where QNN fixes no scale itself. `tables`
     (the drafter's step): the vocabulary tables a Gather reads (`gather_tables`) at the
     weights' width - onnxruntime's QNN config treats a Gather's data as an activation, so at 16a8w a table takes 16
@@ -459,8 +459,15 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
               DRAFTER_GRAPH)
         linears_as_conv(fp32[DRAFTER_GRAPH])
         fuse_rms_norms(fp32[DRAFTER_GRAPH])
-    step("calibrating on the bench prompts (fp32 graphs, CPU)")
-    feeds, sequences = calibrate(job, fp32, lengths, slots, host_sink, eagle3)
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    pre = {}
+    for g, path in fp32.items():
+        pre[g] = work / f"{g}.pre.onnx"
+        if not qnn_preprocess_model(str(path), str(pre[g])):
+            pre[g] = path
+    step("calibrating on the bench prompts (fp32 graphs, CPU, every tensor ranged on every pass)")
+    own, sequences = calibrate(job, pre, lengths, slots, host_sink, eagle3)  # graph -> tensor -> (min, max)
     wide, sensitivity = WIDE_WEIGHTS, None
     if job.precision == "16a8w":  # the linears whose 8-bit weights cost most keep 16 bits (qnn_sensitivity: why)
         step("measuring which linears keep 16-bit weights (eager, one at a time)")
@@ -472,15 +479,7 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
                        "budget": BUDGET}
     else:
         step(f"{job.precision}: every weight at 8 bits")
-    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
-    pre = {}
-    for g, path in fp32.items():
-        pre[g] = work / f"{g}.pre.onnx"
-        if not qnn_preprocess_model(str(path), str(pre[g])):
-            pre[g] = path
     targets = [target_graph(t) for t in lengths]
-    own = {g: tensor_ranges(pre[g], feeds.pop(g)) for g in list(feeds)}  # each graph's ranges over its feeds
     merged = merged_ranges(pre, own, targets)  # one range per tensor across the target's graphs
     outputs = dict.fromkeys(targets, (kv.LOGITS, kv.HIDDEN))  # the outputs whose ranges get headroom
     if eagle3:  # the drafter's step graphs share their ranges, and so do its fc graphs
@@ -512,7 +511,8 @@ def _write(job: bundle.ExportJob, soc: qnn_htp.Soc, host_sink: bool, graphs: str
             "host_sink": qnn_htp.sink_file() if host_sink else None,
             "weights16": list(wide) if job.precision == "16a8w" else [],  # the recipe: linears at 16 bits
             "weight_sensitivity": sensitivity,
-            "headroom": {"outputs": OUTPUT_HEADROOM, "down_proj_input": DOWN_IN_HEADROOM}}
+            "headroom": {"outputs": OUTPUT_HEADROOM, "down_proj_input": DOWN_IN_HEADROOM},
+            "calibration": {"prompts": len(sequences), "tokens": max(map(len, sequences)), "ranged": "every pass"}}
     if position0 == "table":  # the phone bundle: position 0's rows instead of the sink, the QDQ graphs and their weights
         tokens = qnn_position0.first_tokens(job.target)
         step(f"precomputing position 0 for first tokens {tokens}")

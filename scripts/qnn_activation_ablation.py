@@ -92,9 +92,9 @@ def widened(qdq: Path, out: Path, match, factor: float) -> int:
     return len(params)
 
 
-def variant_bundle(bundle: Path, work: Path, keep_float, factor: float | None = None) -> tuple[Path, int]:
-    """A copy of `bundle` (links) whose target QDQ graphs float the tensors `keep_float` names (or, with `factor`,
-    widen their ranges: `widened`)."""
+def variant_bundle(bundle: Path, work: Path, transform) -> tuple[Path, int]:
+    """A copy of `bundle` (links) whose target QDQ graphs are rewritten by `transform(qdq, out) -> n` (`floated`,
+    `widened`), the manifest's hashes to match; returns it and the last graph's n."""
     from edge_spec.contract.manifest import MANIFEST, sha256_file
     from edge_spec.runtimes import qnn_htp
 
@@ -105,7 +105,7 @@ def variant_bundle(bundle: Path, work: Path, keep_float, factor: float | None = 
     manifest = json.loads((out / MANIFEST).read_text())
     for qdq in sorted((out / qnn_htp.QNN_DIR).glob("target_*.qdq.onnx")):
         tmp = qdq.with_suffix(".tmp")
-        n = floated(qdq, tmp, keep_float) if factor is None else widened(qdq, tmp, keep_float, factor)
+        n = transform(qdq, tmp)
         qdq.unlink()
         tmp.rename(qdq)
         manifest["files"][str(qdq.relative_to(out))] = {"sha256": sha256_file(qdq), "bytes": qdq.stat().st_size}
@@ -181,24 +181,26 @@ def score(bundle: Path, data, target=None) -> dict:
     return {"top1": round(agree / n, 4), "kl": round(kl / n, 5), "positions": n, "first_miss": first}
 
 
-def export(out: Path, without: list[str], eight_bit_rest: bool = False) -> None:
+def export(out: Path, without: list[str], eight_bit_rest: bool = False, tokens: int | None = None) -> None:
     """SmolLM2's QNN bundle, target alone, QDQ graphs only (one graph of 3 rows). `without`: recipe steps of
     2026-12-06 turned off by patching the exporter ("rope": the angle computed in the graph; "calibration": the
-    first 2 bench prompts, 48 tokens, 12 feeds per graph)."""
+    first 2 bench prompts, 48 tokens). `tokens`: calibration tokens per prompt (qnn_calibration.CALIBRATION_TOKENS)."""
     from edge_spec.exporters import qnn, qnn_calibration
     from edge_spec.loading import checkpoints
     from edge_spec.model.ops import SPELLED_GELU
 
     saved = qnn.compile_context, qnn.TableRopeOps, qnn_calibration.CALIBRATION_PROMPTS, \
-        qnn_calibration.CALIBRATION_TOKENS, qnn_calibration.MAX_SAMPLES, qnn.GAIN
+        qnn_calibration.CALIBRATION_TOKENS, qnn.GAIN
     if eight_bit_rest:
         qnn.GAIN = float("inf")  # no linear cuts that much: none chosen
     qnn.compile_context = lambda *args: None  # the CPU provider reads only the QDQ graphs
     if "rope" in without:
         qnn.TableRopeOps = lambda rows: SPELLED_GELU
     if "calibration" in without:
-        qnn_calibration.CALIBRATION_PROMPTS, qnn_calibration.CALIBRATION_TOKENS, qnn_calibration.MAX_SAMPLES = 2, 48, 12
+        qnn_calibration.CALIBRATION_PROMPTS, qnn_calibration.CALIBRATION_TOKENS = 2, 48
         qnn_calibration.calibration_tokens.__defaults__ = (2,)
+    if tokens:
+        qnn_calibration.CALIBRATION_TOKENS = tokens
     try:
         start = time.perf_counter()
         qnn.export_bundle(checkpoints.load("smollm2-135m"), out, max_context=256, max_draft_len=2, max_pass=3)
@@ -206,7 +208,7 @@ def export(out: Path, without: list[str], eight_bit_rest: bool = False) -> None:
               flush=True)
     finally:
         (qnn.compile_context, qnn.TableRopeOps, qnn_calibration.CALIBRATION_PROMPTS, qnn_calibration.CALIBRATION_TOKENS,
-         qnn_calibration.MAX_SAMPLES, qnn.GAIN) = saved
+         qnn.GAIN) = saved
         qnn_calibration.calibration_tokens.__defaults__ = (saved[2],)
 
 
@@ -218,16 +220,24 @@ def main() -> None:
                         help="with --export: recipe steps turned off (`export`)")
     parser.add_argument("--sink", choices=("bundle", "fp32"), default="bundle",
                         help="position 0 through the bundle's host sink or from eager fp32 (`fp32_sink`)")
-    parser.add_argument("--classes", nargs="+", default=list(CLASSES), choices=list(CLASSES))
+    parser.add_argument("--classes", nargs="+", choices=list(CLASSES), help="(default: every class)")
+    parser.add_argument("--match", nargs="+", default=[], metavar="NAME=REGEX", help="classes of one's own: the "
+                        "tensors whose name the regular expression finds (scored instead of the default classes)")
     parser.add_argument("--prompts", type=int, default=8, help="held-out everyday prompts (of 12)")
     parser.add_argument("--tokens", type=int, default=ANSWER_TOKENS, help="answer tokens per prompt")
     parser.add_argument("--widen", type=float, help="instead of floating each class, widen its 16-bit ranges this "
                         "many times about their middle (`widened`)")
+    parser.add_argument("--calibration-tokens", type=int, help="with --export: calibration tokens per prompt "
+                        "(default qnn_calibration.CALIBRATION_TOKENS)")
     parser.add_argument("--eight-bit-rest", action="store_true", help="with --export: every weight but q / k / v at 8 "
                         "bits (the recipe before exporters/qnn_sensitivity.py)")
     args = parser.parse_args()
+    for item in args.match:
+        name, _, pattern = item.partition("=")
+        CLASSES[name] = lambda tensor, p=re.compile(pattern): p.search(tensor) is not None
+    args.classes = args.classes or ([m.partition("=")[0] for m in args.match] if args.match else list(CLASSES))
     if args.export:
-        export(args.bundle, args.without, args.eight_bit_rest)
+        export(args.bundle, args.without, args.eight_bit_rest, args.calibration_tokens)
     from edge_spec.api import load_bundle
     from edge_spec.loading import checkpoints
     from edge_spec.train.evaluate import read_prompts
@@ -237,7 +247,9 @@ def main() -> None:
     data = answers(target, [p["prompt"] for p in read_prompts(HELDOUT)[:args.prompts]], layout, args.tokens)
     with tempfile.TemporaryDirectory(prefix="qnn-ablation-", dir=args.bundle.parent) as work:
         for name in args.classes:
-            folder, n = variant_bundle(args.bundle, Path(work), CLASSES[name], args.widen)
+            match = CLASSES[name]
+            folder, n = variant_bundle(args.bundle, Path(work), (lambda q, o: floated(q, o, match)) if args.widen is None
+                                       else (lambda q, o: widened(q, o, match, args.widen)))
             print(json.dumps({"float" if args.widen is None else f"widen x{args.widen}": name, "pairs_per_graph": n,
                               "sink": args.sink,
                               **score(folder, data, target if args.sink == "fp32" else None)}), flush=True)

@@ -340,7 +340,7 @@ def test_the_mlps_gated_products_get_headroom_and_nothing_else_does(tiny_llama, 
     calibrated range widened DOWN_IN_HEADROOM times, in every target graph and into the QDQ graph's encoding; every
     other activation keeps its merged range (the outputs aside: their own headroom)."""
     import edge_spec.exporters.qnn as qnn_exporter
-    from edge_spec.exporters.qnn_calibration import DOWN_IN_HEADROOM, down_proj_inputs
+    from edge_spec.exporters.qnn_calibration import CALIBRATION_PROMPTS, DOWN_IN_HEADROOM, down_proj_inputs
     from edge_spec.loading import checkpoints
 
     merged, given = {}, {}
@@ -359,7 +359,9 @@ def test_the_mlps_gated_products_get_headroom_and_nothing_else_does(tiny_llama, 
     monkeypatch.setattr(qnn_exporter, "quantize", spy_quantize)
     target = checkpoints.load(str(tiny_llama[0]))
     out = export_bundle(target, tmp_path / "b", drafter=None, max_context=32, max_draft_len=2, max_pass=3)
-    assert read_manifest(out).graphs["target"].fixed["qnn"]["headroom"]["down_proj_input"] == DOWN_IN_HEADROOM
+    chip = read_manifest(out).graphs["target"].fixed["qnn"]
+    assert chip["headroom"]["down_proj_input"] == DOWN_IN_HEADROOM
+    assert chip["calibration"] == {"prompts": CALIBRATION_PROMPTS, "tokens": 32, "ranged": "every pass"}  # the context
     for graph in read_manifest(out).graphs["target"].fixed["lengths"].values():
         products, ranges = given[graph]
         layers = len(target.model.model.layers)
@@ -455,6 +457,30 @@ def test_our_ranges_equal_onnxruntimes_minmax_calibration(tmp_path):
     ours = tensor_ranges(tmp_path / "g.onnx", feeds)
     assert set(theirs) == {"x", "h", "a", "r", "m", "y"} and {n: ours[n] for n in theirs} == theirs
     assert ours["x"] == (min(float(f["x"].min()) for f in feeds), max(float(f["x"].max()) for f in feeds))
+
+
+def test_the_range_recorder_predicts_as_the_graph_and_ranges_every_call(tmp_path):
+    """`RangeRecorder` is the calibration run's predictor: it returns the graph's own outputs (what a plain session
+    gives) and its ranges span every call it served, outputs included."""
+    import onnxruntime as ort
+
+    from edge_spec.exporters.qnn_calibration import RangeRecorder
+
+    feeds = _small_graph(tmp_path / "g.onnx")
+    plain = ort.InferenceSession(str(tmp_path / "g.onnx"), providers=["CPUExecutionProvider"])
+    record = RangeRecorder(tmp_path / "g.onnx")
+    ys = []
+    for feed in feeds:
+        out = record(feed)
+        assert list(out) == ["y"] and np.allclose(out["y"], plain.run(None, feed)[0], rtol=1e-6, atol=1e-7)
+        ys.append(out["y"])
+    assert record.plain(feeds[0]).keys() == {"y"}
+    ranges = record.ranges()
+    assert ranges["y"] == (min(float(y.min()) for y in ys), max(float(y.max()) for y in ys))
+    assert ranges["x"] == (min(float(f["x"].min()) for f in feeds), max(float(f["x"].max()) for f in feeds))
+    first = RangeRecorder(tmp_path / "g.onnx")
+    first(feeds[0])
+    assert len(ranges) == 6 and first.ranges()["x"] != ranges["x"]  # the later calls (wider feeds) count
 
 
 def test_the_linear_input_rewrite_rewrites_as_onnxruntime_does(tmp_path):
